@@ -1,0 +1,119 @@
+"""The three small interfaces the orchestration layer is written against (DESIGN.md §3).
+
+Backends implement them: ``rise_nemo.backends.local`` (transformers, one process) and
+``rise_nemo.backends.nemo`` (NeMo-RL Megatron policy + vLLM generation). Judges implement ``Judge``:
+``rise_nemo.judges.rule`` (embedded default) and ``rise_nemo.judges.http`` (OpenAI-compatible LLM judge).
+
+Tensor conventions (shared with NeMo-RL so the nemo backend is a thin adapter):
+- A training batch is a ``dict[str, torch.Tensor]`` (NeMo-RL's BatchedDataDict is a dict too).
+- ``input_ids`` [B, T] is prompt + response, right-padded; ``input_lengths`` [B] the unpadded lengths.
+- Per-token tensors are aligned with ``input_ids``: ``logprobs[b, t] = log p(input_ids[b, t] | input_ids[b, :t])``,
+  with ``logprobs[:, 0] = 0`` (NeMo-RL's convention). ``token_mask`` [B, T] is 1 on response tokens only.
+- Per-sample columns [B]: ``sample_mask``, ``advantages``, ``kind`` (``KIND_NATURAL`` / ``KIND_GUIDED``),
+  plus any extra keys the loss needs (see ``rise_nemo.core.losses``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from rise_nemo.core.rubric import Conversation, Rubric
+
+KIND_NATURAL = 0
+KIND_GUIDED = 1
+
+Verdict = bool | None  # None = unknown (judge failed after retries): the response is excluded, never scored
+
+
+@dataclass
+class Rollout:
+    """One sampled response.
+
+    ``prompt_messages`` is the conversation the response was *sampled under* (for a privileged rollout:
+    the hinted conversation). Log-probs for training are always recomputed under the original prompt.
+    """
+
+    prompt_messages: Conversation
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response_text: str
+    sampling_logprobs: list[float]  # one per response token, from the generator
+    finished: bool = True  # False when cut at max_new_tokens without EOS (overlong)
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@runtime_checkable
+class Generator(Protocol):
+    def generate(
+        self, prompts: Sequence[Conversation], n: int, params: SamplingParams
+    ) -> list[list[Rollout]]:
+        """Sample ``n`` responses for every chat prompt; result[i][j] is prompt i's j-th sample."""
+        ...
+
+    def encode_prompt(self, messages: Conversation) -> list[int]:
+        """Token ids of a conversation rendered with the chat template and the generation prompt."""
+        ...
+
+
+LossFn = Callable[[torch.Tensor, Mapping[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
+"""loss_fn(logprobs [B, T] aligned with input_ids, micro-batch data) -> (scalar loss, metrics).
+
+Losses are globally normalised (they divide by counts computed over the whole batch and carried in the
+data), so the policy may split the batch into micro-batches and simply sum their losses/gradients."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    def get_logprobs(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Per-token log-probs [B, T] of ``data['input_ids']`` under the current weights (no grad)."""
+        ...
+
+    def train(self, data: Mapping[str, torch.Tensor], loss_fn: LossFn) -> dict[str, float]:
+        """One optimiser step on the whole batch with ``loss_fn``; returns summed metrics."""
+        ...
+
+    def state_dict(self) -> dict:  # weights + optimiser, for checkpoints
+        ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class JudgeRequest:
+    """Judge ``response`` against ``rubric`` in the context of the ORIGINAL conversation (never a hint)."""
+
+    conversation: Conversation
+    response: str
+    rubric: Rubric
+    prompt_id: str = ""
+
+
+@dataclass
+class JudgeStats:
+    calls: int = 0
+    cache_hits: int = 0
+    unknown_verdicts: int = 0
+    failures: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Judge(Protocol):
+    def judge(self, requests: Sequence[JudgeRequest]) -> list[list[Verdict]]:
+        """Per-criterion verdicts, result[i][k] for request i and criterion k of its rubric.
+
+        "met" means the criterion's statement holds for the response; for a negative-points criterion that
+        means the undesirable behaviour occurred. ``None`` marks a verdict the judge could not obtain.
+        """
+        ...
