@@ -1,0 +1,81 @@
+"""Eq. 13 guidance schedule: fixed, auto plateau, never; serialisation."""
+
+import json
+import logging
+
+import pytest
+
+from rise_nemo.core.schedule import GuidanceSchedule
+
+
+def test_fixed_switch():
+    s = GuidanceSchedule(0.05, mode="fixed", s_switch=3)
+    assert [s.lambda_at(i) for i in range(5)] == [0.05, 0.05, 0.05, 0.0, 0.0]
+    for step in range(3):
+        assert s.active
+        s.update(step, 0.2)
+    assert not s.active  # step 3 is past the switch: no privileged rollouts
+    assert "s_switch=3" in s.switch_reason
+    with pytest.raises(ValueError, match="s_switch"):
+        GuidanceSchedule(0.05, mode="fixed")
+
+
+def test_never_mode_keeps_guidance():
+    s = GuidanceSchedule(0.01, mode="never")
+    for step in range(100):
+        s.update(step, 0.0)
+    assert s.active and s.lambda_at(10_000) == 0.01 and s.switch_reason is None
+
+
+def test_auto_plateau_switches_after_patience_and_logs(caplog):
+    s = GuidanceSchedule(0.05, mode="auto", ema=0.5, tol=0.01, patience=3, min_steps=4)
+    # a decreasing gap, then flat
+    gaps = [0.4, 0.3, 0.2, 0.1] + [0.05] * 12
+    switched_at = None
+    with caplog.at_level(logging.INFO, logger="rise_nemo.core.schedule"):
+        for step, g in enumerate(gaps):
+            s.update(step, g)
+            if not s.active and switched_at is None:
+                switched_at = step
+    assert switched_at is not None
+    assert s.lambda_at(switched_at) == 0.05 and s.lambda_at(switched_at + 1) == 0.0
+    assert "patience=3" in s.switch_reason and "guidance removed" in caplog.text
+    # once off, off forever even if the gap jumps back
+    s.update(len(gaps), 0.9)
+    assert not s.active and s.lambda_at(10**6) == 0.0
+
+
+def test_auto_never_before_min_steps_and_moving_curve_does_not_switch():
+    s = GuidanceSchedule(0.05, mode="auto", ema=0.0, tol=0.01, patience=2, min_steps=10)
+    for step in range(9):
+        s.update(step, 0.3)  # perfectly flat from the start
+    assert s.active  # min_steps not reached
+    s.update(9, 0.3)
+    assert not s.active
+    moving = GuidanceSchedule(0.05, mode="auto", ema=0.0, tol=0.01, patience=2, min_steps=0)
+    for step in range(30):
+        moving.update(step, 0.5 - 0.02 * step)  # still falling by more than tol each step
+    assert moving.active
+    floored = GuidanceSchedule(0.05, mode="auto", ema=0.0, patience=100, min_steps=2, floor=0.0)
+    for step, g in enumerate([0.3, -0.01, 0.2]):
+        floored.update(step, g)
+    assert not floored.active and "floor" in floored.switch_reason
+
+
+def test_missing_delta_r_does_not_count_and_state_round_trip():
+    s = GuidanceSchedule(0.05, mode="auto", ema=0.8, tol=0.01, patience=4, min_steps=3)
+    for step, g in enumerate([0.3, None, 0.25, 0.2]):
+        s.update(step, g)
+    assert s.num_updates == 3
+    blob = json.dumps(s.state_dict())
+    t = GuidanceSchedule(0.0, mode="never")
+    t.load_state_dict(json.loads(blob))
+    assert t.state_dict() == s.state_dict()
+    for step, g in enumerate([0.2] * 30, start=4):
+        s.update(step, g)
+        t.update(step, g)
+    assert t.state_dict() == s.state_dict() and t.switch_step == s.switch_step is not None
+    with pytest.raises(KeyError, match="missing"):
+        t.load_state_dict({"mode": "auto"})
+    with pytest.raises(ValueError, match="go back"):
+        s.update(0, 0.1)
