@@ -1,0 +1,46 @@
+"""Local backend: Hugging Face transformers in one process (CPU, or one CUDA GPU when present).
+
+Usage::
+
+    from rise_nemo.backends.local import build
+    policy, generator = build({"tokenizer": "builtin:persistent_task", "lr": 1e-3, "seed": 0})
+    rollouts = generator.generate([[{"role": "user", "content": "hi"}]], n=8, params=SamplingParams())
+    lp = policy.get_logprobs({"input_ids": ids, "input_lengths": lengths})   # [B, T], col 0 = 0
+    metrics = policy.train(batch, loss_fn)      # one AdamW step; summed loss_fn metrics + grad_norm
+    state = policy.state_dict(); policy.load_state_dict(state)   # weights + AdamW + sampling RNG
+
+``build(cfg)`` takes the recipe's ``local:`` block (any Mapping, OmegaConf included); its keys and
+defaults are documented in ``rise_nemo.backends.local.config`` and unknown keys raise LocalConfigError
+naming the key. The policy and generator share one model (``policy.engine is generator.engine``): a
+generation after ``train`` samples from the updated weights.
+
+Extras beyond interfaces.Policy / Generator (used by the warm start and checkpoints):
+``generator.encode_response(text)`` (ids + EOS), ``policy.reset_optimizer(lr=None)``,
+``policy.save_pretrained(path)``, ``policy.tokenizer``, ``policy.engine.fingerprint()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rise_nemo.backends.local.config import LocalConfig, LocalConfigError, parse_local_config
+from rise_nemo.backends.local.engine import LocalEngine
+from rise_nemo.backends.local.generator import LocalGenerator
+from rise_nemo.backends.local.policy import LocalPolicy
+
+__all__ = [
+    "LocalConfig",
+    "LocalConfigError",
+    "LocalEngine",
+    "LocalGenerator",
+    "LocalPolicy",
+    "build",
+    "parse_local_config",
+]
+
+
+def build(cfg: Mapping | LocalConfig | None) -> tuple[LocalPolicy, LocalGenerator]:
+    """(policy, generator) sharing one model, from the recipe's ``local:`` block."""
+    config = cfg if isinstance(cfg, LocalConfig) else parse_local_config(cfg)
+    engine = LocalEngine(config)
+    return LocalPolicy(engine), LocalGenerator(engine)

@@ -1,0 +1,168 @@
+"""The recipe's ``local:`` block: keys, defaults, validation (unknown keys are errors naming the key).
+
+Keys (all optional except that a tokenizer must be known):
+
+  model             local path of a Hugging Face causal LM (loaded with local_files_only); null = build
+                    the tiny Qwen3 model described by ``tiny``
+  tokenizer         local path of a tokenizer, or ``builtin:persistent_task`` (word-level vocabulary of
+                    the demo task, made in code); default: the ``model`` path; required with a tiny model
+  tiny              dims of the random-init Qwen3 model (used when ``model`` is null):
+                      hidden_size 64, num_layers 2, num_heads 4, num_kv_heads 2, head_dim 16,
+                      intermediate_size 192, max_position_embeddings 512, rope_theta 10000.0
+  seed              model init (tiny) and the generator's sampling RNG; default 0
+  lr                AdamW learning rate; default 1e-6 (paper)
+  betas             AdamW betas; default [0.9, 0.999]
+  eps               AdamW eps; default 1e-8
+  weight_decay      AdamW weight decay; default 0.0
+  grad_clip         max global grad norm (<= 0 disables clipping; the norm is still reported); default 1.0
+  micro_batch_size  rows per forward/backward in ``train``; default 16
+  logprob_batch_size rows per forward in ``get_logprobs``; default 32
+  generation_batch_size rows (prompt x sample) decoded together by the generator; default 64
+  logprob_chunk_size token positions per chunk in core.logprobs; default 256
+  compute_entropy   report ``policy/entropy`` (mean over token_mask) from ``train``; default true
+  device            auto | cpu | cuda | cuda:N; default auto (one CUDA GPU when present, else CPU)
+  dtype             float32 | bfloat16 | float16; default float32
+  num_threads       torch.set_num_threads for CPU runs; null leaves torch's default
+  attn_implementation  transformers attention backend (sdpa | eager); default sdpa
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+import torch
+
+TINY_DEFAULTS: dict[str, float | int] = {
+    "hidden_size": 64,
+    "num_layers": 2,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 192,
+    "max_position_embeddings": 512,
+    "rope_theta": 10000.0,
+}
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class LocalConfigError(ValueError):
+    """Invalid ``local:`` block; the message names the key."""
+
+
+@dataclass
+class LocalConfig:
+    model: str | None = None
+    tokenizer: str | None = None
+    tiny: dict = field(default_factory=lambda: dict(TINY_DEFAULTS))
+    seed: int = 0
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_size: int = 16
+    logprob_batch_size: int = 32
+    generation_batch_size: int = 64
+    logprob_chunk_size: int = 256
+    compute_entropy: bool = True
+    device: str = "auto"
+    dtype: str = "float32"
+    num_threads: int | None = None
+    attn_implementation: str = "sdpa"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+
+def _plain(value):
+    """OmegaConf containers -> plain Python, without importing omegaconf when it is not used."""
+    if hasattr(value, "_metadata"):  # DictConfig / ListConfig
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _positive_int(key: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise LocalConfigError(f"local.{key}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _number(key: str, value, minimum: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise LocalConfigError(f"local.{key}: expected a number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise LocalConfigError(f"local.{key}: must be >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def parse_local_config(cfg: Mapping | None) -> LocalConfig:
+    """Validate a ``local:`` mapping into a LocalConfig; errors name the offending key."""
+    raw = dict(_plain(cfg) or {})
+    known = {f.name for f in fields(LocalConfig)}
+    for key in raw:
+        if key not in known:
+            raise LocalConfigError(f"local.{key}: unknown key; known keys: {sorted(known)}")
+    out = LocalConfig()
+    if raw.get("model") is not None:
+        out.model = str(raw["model"])
+    if raw.get("tokenizer") is not None:
+        out.tokenizer = str(raw["tokenizer"])
+    tiny = dict(_plain(raw.get("tiny")) or {})
+    for key, value in tiny.items():
+        if key not in TINY_DEFAULTS:
+            raise LocalConfigError(f"local.tiny.{key}: unknown key; known keys: {sorted(TINY_DEFAULTS)}")
+        if key == "rope_theta":
+            out.tiny[key] = _number(f"tiny.{key}", value, minimum=1.0)
+        else:
+            out.tiny[key] = _positive_int(f"tiny.{key}", value)
+    if out.tiny["num_heads"] % out.tiny["num_kv_heads"]:
+        raise LocalConfigError("local.tiny.num_kv_heads: must divide tiny.num_heads")
+    if "seed" in raw:
+        out.seed = _positive_int("seed", raw["seed"], minimum=0)
+    for key in ("lr", "eps", "weight_decay", "grad_clip"):
+        if key in raw:
+            setattr(out, key, _number(key, raw[key], minimum=0.0 if key != "grad_clip" else None))
+    if "betas" in raw:
+        betas = _plain(raw["betas"])
+        if not isinstance(betas, list | tuple) or len(betas) != 2:
+            raise LocalConfigError(f"local.betas: expected two numbers, got {betas!r}")
+        out.betas = (_number("betas[0]", betas[0], 0.0), _number("betas[1]", betas[1], 0.0))
+    for key in ("micro_batch_size", "logprob_batch_size", "generation_batch_size", "logprob_chunk_size"):
+        if key in raw:
+            setattr(out, key, _positive_int(key, raw[key]))
+    if "compute_entropy" in raw:
+        if not isinstance(raw["compute_entropy"], bool):
+            raise LocalConfigError(f"local.compute_entropy: expected true/false, got {raw['compute_entropy']!r}")
+        out.compute_entropy = raw["compute_entropy"]
+    if "device" in raw:
+        dev = str(raw["device"])
+        if dev != "auto":
+            try:
+                torch.device(dev)
+            except RuntimeError as exc:
+                raise LocalConfigError(f"local.device: invalid device {dev!r}") from exc
+        out.device = dev
+    if "dtype" in raw:
+        if raw["dtype"] not in _DTYPES:
+            raise LocalConfigError(f"local.dtype: expected one of {sorted(_DTYPES)}, got {raw['dtype']!r}")
+        out.dtype = raw["dtype"]
+    if raw.get("num_threads") is not None:
+        out.num_threads = _positive_int("num_threads", raw["num_threads"])
+    if "attn_implementation" in raw:
+        out.attn_implementation = str(raw["attn_implementation"])
+    if out.model is None and out.tokenizer is None:
+        raise LocalConfigError(
+            "local.tokenizer: a tiny model (local.model is null) needs a tokenizer: a local path or "
+            "'builtin:persistent_task'"
+        )
+    return out

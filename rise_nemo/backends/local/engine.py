@@ -1,0 +1,156 @@
+"""The model, tokenizer, device and sampling RNG that LocalPolicy and LocalGenerator share.
+
+One process holds one causal LM; the policy trains it in place and the generator samples from the same
+weights, so a generation after a train call always sees the updated policy (no weight sync needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from pathlib import Path
+
+import torch
+
+from rise_nemo.backends.local.config import LocalConfig
+from rise_nemo.backends.local.tokenizer import builtin_tokenizer
+
+
+def _load_tokenizer(cfg: LocalConfig):
+    spec = cfg.tokenizer or cfg.model
+    if spec is None:  # parse_local_config already rejects this; kept for direct callers
+        raise ValueError("local.tokenizer: no tokenizer given")
+    if spec.startswith("builtin:"):
+        return builtin_tokenizer(spec.split(":", 1)[1])
+    if not Path(spec).exists():
+        key = "tokenizer" if cfg.tokenizer else "model"
+        raise FileNotFoundError(f"local.{key}: tokenizer path {spec!r} does not exist (no downloads here)")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(spec, local_files_only=True)
+
+
+def _tiny_qwen3(cfg: LocalConfig, tokenizer):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    t = cfg.tiny
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=t["hidden_size"],
+        num_hidden_layers=t["num_layers"],
+        num_attention_heads=t["num_heads"],
+        num_key_value_heads=t["num_kv_heads"],
+        head_dim=t["head_dim"],
+        intermediate_size=t["intermediate_size"],
+        max_position_embeddings=t["max_position_embeddings"],
+        rope_theta=t["rope_theta"],
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        attn_implementation=cfg.attn_implementation,
+    )
+    # Seeded init without disturbing the caller's global RNG stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return Qwen3ForCausalLM(config)
+
+
+def _load_model(cfg: LocalConfig):
+    if not Path(cfg.model).exists():
+        raise FileNotFoundError(f"local.model: path {cfg.model!r} does not exist (no downloads here)")
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        cfg.model, local_files_only=True, dtype=cfg.torch_dtype, attn_implementation=cfg.attn_implementation
+    )
+
+
+class LocalEngine:
+    """Shared state: ``model``, ``tokenizer``, ``device``, ``rng`` (torch.Generator on the device)."""
+
+    def __init__(self, cfg: LocalConfig):
+        self.cfg = cfg
+        if cfg.num_threads is not None:
+            torch.set_num_threads(cfg.num_threads)
+        self.device = cfg.resolved_device()
+        if cfg.model is not None and not Path(cfg.model).exists():
+            raise FileNotFoundError(f"local.model: path {cfg.model!r} does not exist (no downloads here)")
+        self.tokenizer = _load_tokenizer(cfg)
+        if self.tokenizer.pad_token_id is None:  # many causal LMs ship without one; any id works (masked)
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        model = _tiny_qwen3(cfg, self.tokenizer) if cfg.model is None else _load_model(cfg)
+        self.model = model.to(device=self.device, dtype=cfg.torch_dtype)
+        self.model.eval()
+        self.rng = torch.Generator(device=self.device)
+        self.rng.manual_seed(cfg.seed)
+        self.stop_token_ids = self._stop_ids()
+        # transformers 5 renamed the cache argument (past_key_values -> cache); accept both.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def _stop_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif gen_eos:
+            ids.update(gen_eos)
+        return sorted(i for i in ids if i is not None)
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None) -> torch.Tensor:
+        """Logits [B, T, V] (with ``cache`` updated in place when given)."""
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        if cache is not None:
+            kwargs[self._cache_kw] = cache
+            kwargs["use_cache"] = True
+        else:
+            kwargs["use_cache"] = False
+        return self.model(**kwargs).logits
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:  # transformers 4.x: no config argument
+            return DynamicCache()
+
+    def encode_prompt(self, messages) -> list[int]:
+        out = self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
+        )
+        if hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
+            out = out["input_ids"]
+        return [int(i) for i in out]
+
+    def encode_response(self, text: str) -> list[int]:
+        """Token ids of an assistant response followed by the EOS (end-of-turn) token, as generated."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return [int(i) for i in ids] + [int(self.tokenizer.eos_token_id)]
+
+    def fingerprint(self) -> str:
+        """Hash of the model architecture, tokenizer vocabulary and initial-weight recipe.
+
+        Used as part of cache keys (warm start): two engines with the same fingerprint start from the
+        same weights and tokenize identically. Computed once (a 150k vocabulary takes a moment).
+        """
+        if getattr(self, "_fingerprint", None) is not None:
+            return self._fingerprint
+        spec = {
+            "model": self.cfg.model,
+            "tiny": self.cfg.tiny if self.cfg.model is None else None,
+            "seed": self.cfg.seed if self.cfg.model is None else None,
+            "dtype": self.cfg.dtype,
+            "config": self.model.config.to_dict() if self.cfg.model is None else None,
+            "vocab": sorted(self.tokenizer.get_vocab().items()),
+            "chat_template": self.tokenizer.chat_template,
+        }
+        blob = json.dumps(spec, sort_keys=True, default=str).encode()
+        self._fingerprint = hashlib.sha256(blob).hexdigest()[:16]
+        return self._fingerprint

@@ -1,0 +1,145 @@
+"""LocalGenerator: batched sampling with a KV cache, temperature, top-p, EOS stop, max new tokens.
+
+Rows (prompt x sample) are left-padded into one batch so every row's next token sits in the last column;
+position ids skip the padding, so a row's logits equal those of the same row decoded alone. The sampling
+log-prob of a token is taken from the distribution actually sampled from (tempered, top-p truncated and
+renormalised); at temperature 1 and top_p 1 it equals the policy's ``get_logprobs`` for the same tokens.
+
+Reproducibility: ``SamplingParams.seed`` set -> a fresh torch.Generator with that seed for this call (the
+same call always gives the same samples); unset -> the engine's RNG (seeded by ``local.seed``), which
+advances with every call and is saved in the policy's state_dict for exact resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from rise_nemo.backends.local.engine import LocalEngine
+from rise_nemo.core.rubric import Conversation
+from rise_nemo.interfaces import Rollout, SamplingParams
+
+
+def _check_params(params: SamplingParams, n: int) -> None:
+    if n < 1:
+        raise ValueError(f"generate: n must be >= 1, got {n}")
+    if params.max_new_tokens < 1:
+        raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    if params.temperature < 0:
+        raise ValueError(f"SamplingParams.temperature must be >= 0, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
+
+
+def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Log-probs [B, V] of the distribution sampled from: softmax(logits / T), top-p truncated.
+
+    Top-p keeps the smallest set of most likely tokens whose mass reaches ``top_p`` (the most likely token
+    always stays) and renormalises; removed tokens get -inf.
+    """
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, V]
+    if top_p >= 1.0:
+        return logp
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    mass_before = sorted_logp.exp().cumsum(dim=-1) - sorted_logp.exp()  # mass of strictly better tokens
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    logp = logp.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(logp, dim=-1)
+
+
+def _sample(logits: torch.Tensor, params: SamplingParams, rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens [B] and their sampling log-probs [B] (greedy at temperature 0: log-prob 0)."""
+    if params.temperature == 0:
+        return logits.argmax(dim=-1), torch.zeros(logits.shape[0], device=logits.device)
+    logp = sampling_logprobs(logits, params.temperature, params.top_p)
+    tokens = torch.multinomial(logp.exp(), 1, generator=rng).squeeze(1)  # [B]
+    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+
+
+class LocalGenerator:
+    """interfaces.Generator on the shared LocalEngine."""
+
+    def __init__(self, engine: LocalEngine):
+        self.engine = engine
+
+    def encode_prompt(self, messages: Conversation) -> list[int]:
+        return self.engine.encode_prompt(messages)
+
+    def encode_response(self, text: str) -> list[int]:
+        """Response text -> token ids ending with EOS, exactly as a finished generation would be."""
+        return self.engine.encode_response(text)
+
+    def generate(self, prompts: Sequence[Conversation], n: int, params: SamplingParams) -> list[list[Rollout]]:
+        _check_params(params, n)
+        rng = self.engine.rng
+        if params.seed is not None:
+            rng = torch.Generator(device=self.engine.device)
+            rng.manual_seed(int(params.seed))
+        prompt_ids = [self.encode_prompt(p) for p in prompts]
+        rows = [i for i in range(len(prompts)) for _ in range(n)]  # row -> prompt index, samples adjacent
+        results: list[tuple[list[int], list[float], bool]] = []
+        bs = self.engine.cfg.generation_batch_size
+        for start in range(0, len(rows), bs):
+            chunk = [prompt_ids[i] for i in rows[start : start + bs]]
+            results.extend(self._decode_batch(chunk, params, rng))
+        out: list[list[Rollout]] = [[] for _ in prompts]
+        for row, (tokens, logps, finished) in zip(rows, results):
+            out[row].append(
+                Rollout(
+                    prompt_messages=[dict(m) for m in prompts[row]],
+                    prompt_token_ids=list(prompt_ids[row]),
+                    response_token_ids=tokens,
+                    response_text=self.engine.tokenizer.decode(tokens, skip_special_tokens=True).strip(),
+                    sampling_logprobs=logps,
+                    finished=finished,
+                )
+            )
+        return out
+
+    @torch.no_grad()
+    def _decode_batch(
+        self, prompt_ids: list[list[int]], params: SamplingParams, rng: torch.Generator
+    ) -> list[tuple[list[int], list[float], bool]]:
+        """Decode one left-padded batch; returns (response ids incl. EOS, sampling log-probs, finished)."""
+        eng = self.engine
+        dev = eng.device
+        b, width = len(prompt_ids), max(len(p) for p in prompt_ids)
+        ids = torch.full((b, width), eng.pad_token_id, dtype=torch.long, device=dev)  # [B, L] left-padded
+        mask = torch.zeros((b, width), dtype=torch.long, device=dev)
+        for r, p in enumerate(prompt_ids):
+            ids[r, width - len(p) :] = torch.tensor(p, device=dev)
+            mask[r, width - len(p) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, L] positions ignore the padding
+        stop = torch.tensor(eng.stop_token_ids, device=dev)
+        cache = eng.new_cache()
+        eng.model.eval()
+        logits = eng.forward(ids, mask, pos, cache)[:, -1]  # [B, V]
+        next_pos = pos[:, -1:] + 1  # [B, 1]
+        done = torch.zeros(b, dtype=torch.bool, device=dev)
+        tokens_out, logps_out = [], []
+        for _ in range(params.max_new_tokens):
+            tok, lp = _sample(logits, params, rng)  # [B], [B]
+            tok = tok.masked_fill(done, eng.pad_token_id)
+            tokens_out.append(tok)
+            logps_out.append(lp)
+            done = done | torch.isin(tok, stop)
+            if bool(done.all()):
+                break
+            mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], dim=1)
+            logits = eng.forward(tok[:, None], mask, next_pos, cache)[:, -1]
+            next_pos = next_pos + 1
+        return _trim_rows(torch.stack(tokens_out, 1), torch.stack(logps_out, 1), stop)
+
+
+def _trim_rows(tokens: torch.Tensor, logps: torch.Tensor, stop: torch.Tensor) -> list[tuple[list[int], list[float], bool]]:
+    """Cut each row after its first stop token; rows without one are unfinished (hit max_new_tokens)."""
+    out = []
+    is_stop = torch.isin(tokens, stop)  # [B, N]
+    for r in range(tokens.shape[0]):
+        hits = is_stop[r].nonzero()
+        finished = hits.numel() > 0
+        end = int(hits[0]) + 1 if finished else tokens.shape[1]
+        out.append((tokens[r, :end].tolist(), logps[r, :end].float().tolist(), finished))
+    return out

@@ -1,0 +1,177 @@
+"""LocalPolicy: token log-probs and AdamW training of the shared HF causal LM (interfaces.Policy).
+
+Batches follow rise_nemo.interfaces: ``input_ids`` [B, T] right-padded, ``input_lengths`` [B], per-token
+tensors [B, T] aligned with input_ids, per-sample columns [B]. Right padding needs no attention mask: a
+causal model never lets a real token attend to a later pad, so real positions are exact.
+
+``train(data, loss_fn)`` splits the batch into micro-batches of ``local.micro_batch_size`` rows, trims each
+to its longest row, runs ``loss_fn(logprobs, micro_batch)`` and back-propagates; since losses are globally
+normalised (interfaces.LossFn), the micro-batch losses and gradients simply add up. Then one clipped AdamW
+step. Returned metrics: the loss_fn metrics summed over micro-batches, ``loss`` (summed loss, unless the
+loss_fn reports its own), ``grad_norm`` (before clipping), and ``policy/entropy`` (mean next-token entropy
+over ``token_mask``, when present and ``local.compute_entropy``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from rise_nemo.backends.local.engine import LocalEngine
+from rise_nemo.core.logprobs import token_entropy, token_logprobs
+from rise_nemo.interfaces import LossFn
+
+
+def _lengths(data: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    ids = data["input_ids"]
+    if "input_lengths" in data:
+        return torch.as_tensor(data["input_lengths"]).long().cpu()
+    return torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long)
+
+
+def slice_batch(data: Mapping[str, torch.Tensor], start: int, end: int, width: int) -> dict:
+    """Rows [start, end) of every per-sample/per-token tensor, per-token ones cut to ``width`` columns.
+
+    A tensor is per-sample if its first dim is B and per-token if its first two dims are (B, T); anything
+    else (scalars, non-tensors) is passed through unchanged.
+    """
+    b, t = data["input_ids"].shape[:2]
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == b:
+            value = value[start:end]
+            if value.dim() >= 2 and value.shape[1] == t:
+                value = value[:, :width]
+        out[key] = value
+    return out
+
+
+class LocalPolicy:
+    """interfaces.Policy on the shared LocalEngine, with its own AdamW optimiser."""
+
+    def __init__(self, engine: LocalEngine):
+        self.engine = engine
+        self.model = engine.model
+        self.tokenizer = engine.tokenizer
+        self.train_steps = 0
+        self.optimizer = self._new_optimizer(engine.cfg.lr)
+
+    def _new_optimizer(self, lr: float) -> torch.optim.AdamW:
+        c = self.engine.cfg
+        return torch.optim.AdamW(
+            self.model.parameters(), lr=lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay
+        )
+
+    def reset_optimizer(self, lr: float | None = None) -> None:
+        """Fresh AdamW state (e.g. after a supervised warm start); ``lr`` defaults to ``local.lr``."""
+        self.optimizer = self._new_optimizer(self.engine.cfg.lr if lr is None else lr)
+
+    # ---- log-probs -------------------------------------------------------------------------------
+
+    def _logits_and_logprobs(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.engine.forward(ids)  # [b, t, V]
+        return logits, token_logprobs(logits, ids, self.engine.cfg.logprob_chunk_size)  # [b, t]
+
+    @torch.no_grad()
+    def get_logprobs(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """[B, T] fp32 on CPU, aligned with input_ids (col 0 = 0, positions >= length = 0)."""
+        ids = data["input_ids"]
+        lengths = _lengths(data)
+        b, t = ids.shape
+        out = torch.zeros((b, t), dtype=torch.float32)
+        self.model.eval()
+        step = self.engine.cfg.logprob_batch_size
+        for s in range(0, b, step):
+            width = int(lengths[s : s + step].max())
+            mb = ids[s : s + step, :width].to(self.engine.device)
+            _, lp = self._logits_and_logprobs(mb)
+            out[s : s + step, :width] = lp.float().cpu()
+        valid = torch.arange(t)[None, :] < lengths[:, None]
+        return out * valid
+
+    # ---- training --------------------------------------------------------------------------------
+
+    def train(self, data: Mapping[str, torch.Tensor], loss_fn: LossFn) -> dict[str, float]:
+        """One optimiser step on the whole batch (see module docstring for the metrics)."""
+        ids = data["input_ids"]
+        lengths = _lengths(data)
+        b = ids.shape[0]
+        dev = self.engine.device
+        mbs = self.engine.cfg.micro_batch_size
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics: dict[str, float] = {}
+        total_loss, ent_sum, ent_count = 0.0, 0.0, 0.0
+        for s in range(0, b, mbs):
+            width = int(lengths[s : s + mbs].max())
+            mb = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in slice_batch(data, s, s + mbs, width).items()}
+            logits, lp = self._logits_and_logprobs(mb["input_ids"])
+            loss, mb_metrics = loss_fn(lp, mb)
+            if not torch.isfinite(loss):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(f"LocalPolicy.train: non-finite loss {float(loss)} in micro-batch rows {s}..{s + mbs - 1}")
+            loss.backward()
+            total_loss += float(loss.detach())
+            for k, v in mb_metrics.items():
+                metrics[k] = metrics.get(k, 0.0) + float(v)
+            if self.engine.cfg.compute_entropy and "token_mask" in mb:
+                with torch.no_grad():
+                    ent = token_entropy(logits.detach(), self.engine.cfg.logprob_chunk_size)  # [b, t]
+                    tm = mb["token_mask"].float()
+                    ent_sum += float((ent * tm).sum())
+                    ent_count += float(tm.sum())
+        grad_norm = self._clip_and_step()
+        self.model.eval()
+        self.train_steps += 1
+        metrics.setdefault("loss", total_loss)
+        metrics["grad_norm"] = grad_norm
+        if ent_count > 0:
+            metrics["policy/entropy"] = ent_sum / ent_count
+        return metrics
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        clip = self.engine.cfg.grad_clip
+        max_norm = clip if clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.tensor(0.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Copies of the weights, AdamW state, the generator's RNG state and the step counter."""
+        return {
+            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "rng": self.engine.rng.get_state().clone(),
+            "train_steps": self.train_steps,
+            "fingerprint": self.engine.fingerprint(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("model", "optimizer", "rng"):
+            if key not in state:
+                raise KeyError(f"LocalPolicy.load_state_dict: checkpoint has no {key!r} entry")
+        fp = state.get("fingerprint")
+        if fp is not None and fp != self.engine.fingerprint():
+            raise ValueError(
+                f"LocalPolicy.load_state_dict: checkpoint was written for model/tokenizer {fp}, "
+                f"this backend is {self.engine.fingerprint()} (different local: block?)"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.engine.rng.set_state(state["rng"].cpu())
+        self.train_steps = int(state.get("train_steps", 0))
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """Write model + tokenizer in Hugging Face format (loadable again with ``local.model: path``)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        return path
