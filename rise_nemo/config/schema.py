@@ -1,0 +1,167 @@
+"""Typed schema of a recipe: one dataclass per top-level block (docs/CONTRACTS.md "Configuration").
+
+Every block the orchestration reads is declared here with its type and default, so a recipe only states
+what differs from the defaults and a typo (``grpo.grop_size``) is rejected instead of silently ignored.
+Blocks owned by other layers are pass-through mappings: ``optim``, ``nemo`` (NeMo-RL's own config tree, validated by
+``rise_nemo.backends.nemo``), ``local`` (validated by ``rise_nemo.backends.local``), ``judge`` (validated
+by ``rise_nemo.judges.build_judge``) and ``data.task`` (the generated task's parameters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+METHODS = ("rise", "rubric_rl", "coupled", "uniform", "ruscarl")
+BACKENDS = ("local", "nemo")
+
+
+@dataclass
+class RunCfg:
+    name: str = "run"
+    dir: str | None = None  # run directory; None -> runs/<name> (relative to the working directory)
+    seed: int = 0
+
+
+@dataclass
+class GrpoCfg:
+    """Natural-branch GRPO (eq. 1) and its PPO-style clipped surrogate."""
+
+    prompts_per_step: int = 8
+    group_size: int = 8  # G natural responses per prompt
+    eps: float = 1e-6  # epsilon_A of eq. 1
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass
+class ScheduleCfg:
+    """Guidance removal (eq. 13), rise_nemo.core.schedule.GuidanceSchedule: ``fixed`` switches at
+    ``switch_step`` (lambda_0 for steps < switch_step); ``auto`` when the EMA-smoothed Delta_r plateaus
+    (ema / tolerance / patience / min_steps / floor); ``never`` keeps guidance on."""
+
+    mode: Literal["fixed", "auto", "never"] = "fixed"
+    switch_step: int = 20
+    ema: float = 0.9
+    tolerance: float = 0.01
+    patience: int = 10
+    min_steps: int = 20
+    floor: float | None = None
+
+
+@dataclass
+class RiseCfg:
+    lambda_guide: float = 0.2  # lambda_0 of eq. 12 (paper 0.05; a tiny model needs ~0.2, DESIGN.md)
+    gamma: float = 0.1  # policy-support constant of eqs. 9-10
+    a_max: float = 1.0  # clip of the trajectory weight A~ (eq. 11)
+    top_m: int | None = 5  # M of eq. 5; None = every failed criterion
+    privileged_group_size: int | None = None  # G' privileged responses per prompt; None -> grpo.group_size
+    schedule: ScheduleCfg = field(default_factory=ScheduleCfg)
+
+
+@dataclass
+class RewardCfg:
+    """Rubric reward (eq. 3) options and the DAPO-style overlong penalty."""
+
+    clip_min: float | None = None  # e.g. 0.0 to clip negative HealthBench-style scores
+    overlong_buffer: int = 0  # tokens before max_new_tokens where the penalty ramps in; 0 = off
+    overlong_factor: float = 0.5
+
+
+@dataclass
+class RuscarlCfg:
+    alpha: float = 125.0
+    t0: float = 0.2
+
+
+@dataclass
+class DataCfg:
+    """``source: persistent`` generates the demo task (rise_nemo.data.persistent_task) from ``task``;
+    ``source: jsonl`` reads rubric files with rise_nemo.data.loaders (JSONL or parquet)."""
+
+    source: Literal["persistent", "jsonl"] = "persistent"
+    train_path: str | None = None
+    eval_path: str | None = None
+    format: Literal["auto", "healthbench", "rubrichub", "rar", "rise"] = "auto"  # rise_nemo.data.loaders
+    skip_invalid: bool = False  # skip (and log) bad records instead of failing on the first
+    max_train_prompts: int | None = None
+    max_eval_prompts: int | None = None
+    shuffle: bool = True
+    task: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainCfg:
+    steps: int = 30
+    checkpoint_every: int = 10  # 0 = only at the end (and on a signal)
+    keep_checkpoints: int = 2  # newest complete checkpoints kept; 0 = keep all
+    progress: bool = True  # tqdm bar with live metrics
+    tensorboard: bool = False  # used only when enabled AND installed
+    wandb: bool = False
+    wandb_project: str = "rise_nemo"
+
+
+@dataclass
+class EvalCfg:
+    """Guidance-free evaluation on held-out prompts (original conversation only)."""
+
+    every: int = 10  # steps between evaluations; 0 = only at the end
+    at_start: bool = True  # evaluate the initial policy (step 0)
+    samples_per_prompt: int = 8
+    max_prompts: int | None = None
+    temperature: float = 1.0
+    max_new_tokens: int | None = None  # None -> grpo.max_new_tokens
+    persistent_tag: str = "persistent"  # criteria carrying this tag count towards persistent coverage
+
+
+@dataclass
+class RecipeCfg:
+    run: RunCfg = field(default_factory=RunCfg)
+    backend: Literal["local", "nemo"] = "local"
+    method: Literal["rise", "rubric_rl", "coupled", "uniform", "ruscarl"] = "rise"
+    rise: RiseCfg = field(default_factory=RiseCfg)
+    grpo: GrpoCfg = field(default_factory=GrpoCfg)
+    reward: RewardCfg = field(default_factory=RewardCfg)
+    ruscarl: RuscarlCfg = field(default_factory=RuscarlCfg)
+    # Optimiser settings belong to the backend that owns the optimiser: the local backend reads them from
+    # ``local:`` (lr, betas, ...), NeMo-RL from ``nemo.policy.optimizer``. ``optim`` is kept as a
+    # pass-through block for backends that want a shared place.
+    optim: dict[str, Any] = field(default_factory=dict)
+    data: DataCfg = field(default_factory=DataCfg)
+    judge: dict[str, Any] = field(default_factory=lambda: {"type": "rule"})
+    train: TrainCfg = field(default_factory=TrainCfg)
+    eval: EvalCfg = field(default_factory=EvalCfg)
+    local: dict[str, Any] = field(default_factory=dict)
+    nemo: dict[str, Any] = field(default_factory=dict)
+
+
+# Range checks the types cannot express: dotted key -> (predicate, what it must be).
+RANGE_CHECKS: dict[str, tuple[Any, str]] = {
+    "run.seed": (lambda v: v >= 0, ">= 0"),
+    "grpo.prompts_per_step": (lambda v: v >= 1, ">= 1"),
+    "grpo.group_size": (lambda v: v >= 2, ">= 2 (eq. 1 needs a group)"),
+    "grpo.max_new_tokens": (lambda v: v >= 1, ">= 1"),
+    "grpo.temperature": (lambda v: v > 0, "> 0"),
+    "grpo.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "rise.lambda_guide": (lambda v: v >= 0, ">= 0"),
+    "rise.gamma": (lambda v: v > 0, "> 0"),
+    "rise.a_max": (lambda v: v > 0, "> 0"),
+    "rise.top_m": (lambda v: v is None or v >= 1, ">= 1 or null"),
+    "rise.privileged_group_size": (lambda v: v is None or v >= 1, ">= 1 or null"),
+    "rise.schedule.switch_step": (lambda v: v >= 0, ">= 0"),
+    "rise.schedule.ema": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "rise.schedule.patience": (lambda v: v >= 1, ">= 1"),
+    "rise.schedule.min_steps": (lambda v: v >= 0, ">= 0"),
+    "rise.schedule.tolerance": (lambda v: v >= 0, ">= 0"),
+    "reward.overlong_buffer": (lambda v: v >= 0, ">= 0"),
+    "train.steps": (lambda v: v >= 0, ">= 0"),
+    "train.checkpoint_every": (lambda v: v >= 0, ">= 0"),
+    "train.keep_checkpoints": (lambda v: v >= 0, ">= 0"),
+    "eval.every": (lambda v: v >= 0, ">= 0"),
+    "eval.samples_per_prompt": (lambda v: v >= 1, ">= 1 (the acceptance asks for >= 8)"),
+}
