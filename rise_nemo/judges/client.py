@@ -1,0 +1,334 @@
+"""Async client for OpenAI-compatible chat-completions endpoints (``vllm serve``, hosted APIs).
+
+What it guarantees to the judge above it:
+- one aiohttp session (one connection pool) per client, at most ``max_concurrency`` requests in flight;
+- several base URLs, each request sent to the least-loaded one (fewest in flight, then fewest sent),
+  an endpoint that just failed to connect is avoided for a short cool-down, and a retry prefers
+  another endpoint;
+- a per-attempt timeout; retries with exponential backoff and jitter on timeouts, connection errors,
+  HTTP 5xx and 429 (honouring ``Retry-After``) and on replies that fail strict parsing;
+- a per-run cap on failed attempts: past it the client raises ``JudgeFailureCapExceeded`` instead of
+  letting a dead judge turn a whole run into unknown verdicts;
+- structured outputs: ``response_format`` json_schema is sent while an endpoint accepts it; an
+  endpoint that rejects it (HTTP 400/422) is switched to free text + strict parsing for the rest of
+  the run;
+- the API key is read by the caller from an environment variable and never appears in an error
+  message or log line of this module (every such text is passed through ``redact``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import aiohttp
+
+from rise_nemo.judges.grading import VerdictParseError, response_format
+
+log = logging.getLogger("rise_nemo.judges")
+T = TypeVar("T")
+StructuredMode = Literal["auto", "on", "off"]
+
+
+class JudgeError(RuntimeError):
+    """The judge service cannot be used (misconfiguration, authentication, unavailable)."""
+
+
+class JudgeFailureCapExceeded(JudgeError):
+    """More failed judge calls in this run than ``judge.max_failures`` allows."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 6
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+
+    def delay(self, attempt: int, rng: random.Random, retry_after: float | None = None) -> float:
+        """Sleep before attempt ``attempt + 1``: base * 2^(attempt-1), capped, times a jitter in [0.5, 1].
+
+        Jitter keeps thousands of concurrent retries from hitting a recovering server in one wave.
+        """
+        ceiling = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
+        wait = ceiling * (0.5 + 0.5 * rng.random())
+        if retry_after is not None:
+            wait = max(wait, min(retry_after, self.backoff_max_s))
+        return wait
+
+
+@dataclass
+class Endpoint:
+    base_url: str
+    in_flight: int = 0
+    sent: int = 0
+    down_until: float = 0.0  # monotonic time before which a connection-failed endpoint is avoided
+    structured: bool = True  # False once the endpoint rejected response_format
+
+
+@dataclass
+class ClientCounters:
+    calls: int = 0  # HTTP attempts sent
+    retries: int = 0
+    failures: int = 0  # failed attempts of any kind (the per-run cap counts these)
+    timeouts: int = 0
+    connection_errors: int = 0
+    http_errors: int = 0  # 5xx, 429 and other non-200 statuses
+    rate_limited: int = 0  # 429s (also in http_errors)
+    parse_errors: int = 0  # replies that were not exactly the asked verdict JSON
+    gave_up: int = 0  # requests still failing after max_attempts (their verdicts become unknown)
+    structured_fallbacks: int = 0
+    by_endpoint: dict[str, int] = field(default_factory=dict)
+
+
+class _Attempt:
+    """Outcome of one HTTP attempt: a reply text, or a failure kind with a (redacted) reason."""
+
+    __slots__ = ("text", "kind", "reason", "retry_after")
+
+    def __init__(self, text: str | None = None, kind: str = "", reason: str = "", retry_after: float | None = None):
+        self.text, self.kind, self.reason, self.retry_after = text, kind, reason, retry_after
+
+
+class ChatClient:
+    """Must be used (created, called, closed) on one asyncio event loop."""
+
+    def __init__(
+        self,
+        base_urls: Sequence[str],
+        model: str,
+        *,
+        api_key: str | None = None,
+        max_concurrency: int = 64,
+        timeout_s: float = 120.0,
+        retry: RetryPolicy = RetryPolicy(),
+        max_failures: int | None = None,
+        structured_outputs: StructuredMode = "auto",
+        temperature: float = 0.0,
+        extra_body: dict[str, Any] | None = None,
+        seed: int = 0,
+    ) -> None:
+        if not base_urls:
+            raise JudgeError("judge.base_urls is empty")
+        self.endpoints = [Endpoint(u.rstrip("/")) for u in base_urls]
+        self.model = model
+        self._api_key = api_key or None
+        self.max_concurrency = max_concurrency
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.timeout_s = timeout_s
+        self.retry = retry
+        self.max_failures = max_failures
+        self.structured_outputs = structured_outputs
+        self.temperature = temperature
+        self.extra_body = dict(extra_body or {})
+        self.counters = ClientCounters()
+        self._rng = random.Random(seed)
+        self._sem = asyncio.Semaphore(max_concurrency)
+        self._session: aiohttp.ClientSession | None = None
+        self._last_failure = ""
+
+    # -- secrets ---------------------------------------------------------------------------------
+    def redact(self, text: str) -> str:
+        if self._api_key:
+            text = text.replace(self._api_key, "***")
+        return text
+
+    def __repr__(self) -> str:  # never the key
+        return f"ChatClient(model={self.model!r}, endpoints={[e.base_url for e in self.endpoints]})"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # One pool for all endpoints; its size matches the concurrency limit so no request waits
+            # for a socket while holding a concurrency slot.
+            connector = aiohttp.TCPConnector(limit=self.max_concurrency, limit_per_host=0, enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+    # -- endpoint choice -------------------------------------------------------------------------
+    def _pick(self, avoid: Endpoint | None) -> Endpoint:
+        now = time.monotonic()
+        candidates = [e for e in self.endpoints if e is not avoid and e.down_until <= now]
+        if not candidates:
+            candidates = [e for e in self.endpoints if e.down_until <= now] or self.endpoints
+        return min(candidates, key=lambda e: (e.in_flight, e.sent))
+
+    # -- one request with retries ----------------------------------------------------------------
+    async def complete(
+        self,
+        messages: list[dict],
+        parse: Callable[[str], T],
+        *,
+        schema_name: str,
+        schema: dict,
+        max_tokens: int,
+    ) -> T | None:
+        """Send a chat request until ``parse(reply)`` succeeds; None after ``max_attempts`` failed attempts."""
+        avoid: Endpoint | None = None
+        attempt = 0
+        while attempt < self.retry.max_attempts:
+            attempt += 1
+            async with self._sem:
+                # Choose the endpoint only once a slot is free, so the choice sees current loads.
+                ep = self._pick(avoid)
+                structured = self.structured_outputs == "on" or (self.structured_outputs == "auto" and ep.structured)
+                body = self._body(messages, max_tokens, schema_name if structured else None, schema)
+                result = await self._send(ep, body)
+            if result.kind == "schema_rejected" and self.structured_outputs == "auto":
+                # The server does not do structured outputs: free text + strict parsing from now on.
+                if ep.structured:  # calls already in flight may also bounce; count and log once
+                    ep.structured = False
+                    self.counters.structured_fallbacks += 1
+                    log.warning("judge endpoint %s rejected response_format (%s); using free text + strict parsing",
+                                ep.base_url, result.reason)
+                attempt -= 1  # not the request's fault; resend at once
+                continue
+            if result.text is not None:
+                try:
+                    value = parse(result.text)
+                except VerdictParseError as exc:
+                    result = _Attempt(kind="parse", reason=str(exc))
+                    self.counters.parse_errors += 1
+                else:
+                    if result.kind == "":
+                        ep.down_until = 0.0
+                        return value
+            self._record_failure(ep, result)
+            if result.kind == "fatal":
+                raise JudgeError(self.redact(f"judge endpoint {ep.base_url}: {result.reason}"))
+            if result.kind == "bad_request":
+                break  # this request cannot succeed (e.g. prompt too long): unknown, no retries
+            avoid = ep if len(self.endpoints) > 1 else None
+            if attempt < self.retry.max_attempts:
+                self.counters.retries += 1
+                await asyncio.sleep(self.retry.delay(attempt, self._rng, result.retry_after))
+        self.counters.gave_up += 1
+        log.debug("judge request gave up after %d attempts; last failure: %s", attempt, self._last_failure)
+        return None
+
+    def _body(self, messages: list[dict], max_tokens: int, schema_name: str | None, schema: dict) -> dict:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": max_tokens,
+        }
+        body.update(self.extra_body)
+        if schema_name is not None:
+            body["response_format"] = response_format(schema_name, schema)
+        return body
+
+    def _record_failure(self, ep: Endpoint, result: _Attempt) -> None:
+        c = self.counters
+        c.failures += 1
+        self._last_failure = self.redact(f"{ep.base_url}: {result.kind}: {result.reason}")
+        log.debug("judge attempt failed: %s", self._last_failure)
+        if result.kind == "connection":
+            # Avoid this endpoint for a moment so the other replicas absorb its load.
+            ep.down_until = time.monotonic() + min(self.retry.backoff_max_s, 1.0)
+        if self.max_failures is not None and c.failures > self.max_failures:
+            raise JudgeFailureCapExceeded(
+                f"judge: {c.failures} failed calls exceed judge.max_failures={self.max_failures}; "
+                f"last failure: {self._last_failure}"
+            )
+
+    async def _send(self, ep: Endpoint, body: dict) -> _Attempt:
+        """One HTTP attempt; the caller holds a concurrency slot."""
+        session = await self._ensure_session()
+        headers = {"Content-Type": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        url = f"{ep.base_url}/chat/completions"
+        ep.in_flight += 1
+        ep.sent += 1
+        self.counters.calls += 1
+        self.counters.by_endpoint[ep.base_url] = self.counters.by_endpoint.get(ep.base_url, 0) + 1
+        try:
+            async with session.post(url, json=body, headers=headers) as resp:
+                status = resp.status
+                raw = await resp.read()
+                retry_after = _retry_after(resp.headers.get("Retry-After"))
+        except TimeoutError:
+            self.counters.timeouts += 1
+            return _Attempt(kind="timeout", reason=f"no reply within {self.timeout_s:g} s")
+        except (aiohttp.ClientError, OSError) as exc:
+            self.counters.connection_errors += 1
+            return _Attempt(kind="connection", reason=self.redact(f"{type(exc).__name__}: {exc}"))
+        finally:
+            ep.in_flight -= 1
+        return self._interpret(status, raw, retry_after, "response_format" in body)
+
+    def _interpret(self, status: int, raw: bytes, retry_after: float | None, sent_schema: bool) -> _Attempt:
+        snippet = self.redact(raw[:300].decode("utf-8", "replace"))
+        if status == 200:
+            try:
+                data = json.loads(raw)
+                text = data["choices"][0]["message"]["content"]
+            except (ValueError, KeyError, IndexError, TypeError):
+                self.counters.parse_errors += 1
+                return _Attempt(kind="parse", reason=f"malformed chat-completions body: {snippet!r}")
+            if not isinstance(text, str):
+                self.counters.parse_errors += 1
+                return _Attempt(kind="parse", reason="reply has no text content")
+            return _Attempt(text=text)
+        self.counters.http_errors += 1
+        reason = f"HTTP {status}: {snippet!r}"
+        if status == 429:
+            self.counters.rate_limited += 1
+            return _Attempt(kind="http", reason=reason, retry_after=retry_after)
+        if status >= 500:
+            return _Attempt(kind="http", reason=reason, retry_after=retry_after)
+        if status in (401, 403):
+            return _Attempt(kind="fatal", reason=f"HTTP {status}: authentication refused (check judge.api_key_env)")
+        if status == 404:
+            return _Attempt(kind="fatal", reason=f"{reason} (check judge.base_urls and judge.model)")
+        if status in (400, 422) and sent_schema:
+            return _Attempt(kind="schema_rejected", reason=reason)
+        if status in (408, 409, 425):
+            return _Attempt(kind="http", reason=reason)
+        return _Attempt(kind="bad_request", reason=reason)
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # HTTP-date form: fall back to our own backoff
+
+
+class LoopThread:
+    """An asyncio event loop in a daemon thread, so synchronous callers (the Judge protocol, Ray actor
+    threads) can run the async client without owning a loop, and the client's session lives on one loop."""
+
+    def __init__(self, name: str = "rise-judge-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("LoopThread.run called from its own loop thread (would deadlock)")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+        if not self.loop.is_running() and not self.loop.is_closed():
+            self.loop.close()

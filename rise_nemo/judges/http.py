@@ -1,0 +1,383 @@
+"""LLM rubric judge over an OpenAI-compatible chat-completions API (``vllm serve`` or a hosted API).
+
+``HttpJudge`` implements ``rise_nemo.interfaces.Judge``: ``judge(requests)`` returns one verdict per
+criterion of each request's rubric (``True`` = the criterion's statement holds; for a negative-points
+criterion that means the undesirable behaviour occurred; ``None`` = unknown after retries). The training
+side excludes a response with any unknown verdict from rewards, advantages and failure counts.
+
+Config (the recipe's ``judge:`` block; see recipes/judge/*.yaml and ``HttpJudgeConfig``)::
+
+    judge:
+      type: http
+      mode: batched            # or per_criterion
+      model: openai/gpt-oss-120b
+      base_urls: [http://judge-0:8000/v1, http://judge-1:8000/v1]
+      api_key_env: JUDGE_API_KEY   # the key itself only ever lives in that environment variable
+
+Counters for the training loop's metrics: ``judge.stats`` (a ``JudgeStats``, cumulative over the
+judge's life) and ``judge.metrics()`` (the same as ``{"judge/<name>": float}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from rise_nemo.core.rubric import Criterion
+from rise_nemo.interfaces import JudgeRequest, JudgeStats, Verdict
+from rise_nemo.judges import grading
+from rise_nemo.judges.cache import VerdictCache, verdict_key
+from rise_nemo.judges.client import (
+    ChatClient,
+    JudgeError,
+    JudgeFailureCapExceeded,
+    LoopThread,
+    RetryPolicy,
+)
+
+__all__ = [
+    "HttpJudge",
+    "HttpJudgeConfig",
+    "JudgeError",
+    "JudgeFailureCapExceeded",
+    "build_http_judge",
+]
+
+log = logging.getLogger("rise_nemo.judges")
+
+
+@dataclass(frozen=True)
+class HttpJudgeConfig:
+    base_urls: tuple[str, ...]
+    model: str
+    mode: str = "per_criterion"  # grading.MODES
+    batch_size: int = 10  # batched mode: at most this many criteria per call
+    api_key_env: str | None = None  # name of the environment variable holding the key (never the key)
+    max_concurrency: int = 64  # requests in flight, over all base URLs
+    timeout_s: float = 120.0  # per attempt
+    max_attempts: int = 6  # per request, first try included
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    max_failures: int | None = 10000  # failed attempts per run before the run is stopped; None = no cap
+    structured_outputs: str = "auto"  # auto (use, fall back if rejected) | on | off
+    temperature: float = 0.0
+    max_tokens: int | None = None  # None: 512 per criterion call, 64 + 16 n for a batch of n
+    max_explanation_chars: int = 600  # per-criterion schema bound on "explanation"
+    extra_body: Mapping[str, Any] | None = None  # merged into every request body (e.g. reasoning_effort)
+    cache: bool = True
+    cache_path: str | None = None  # SQLite file that keeps verdicts across restarts
+    progress: bool = False  # tqdm bar per judge() call
+    seed: int = 0  # backoff jitter
+    ray_actor: bool = False  # run inside a CPU-only Ray actor (rise_nemo.judges.ray_actor)
+    ray_num_cpus: float = 0.5
+    ray_timeout_s: float = 3600.0  # upper bound on one judge() call through the actor
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any], where: str = "judge") -> HttpJudgeConfig:
+        """Validate a ``judge:`` block; every error names the offending key."""
+        data = _plain(cfg)
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
+        data = dict(data)
+        data.pop("type", None)  # the factory's dispatch key
+        for secret_key in ("api_key", "key", "token", "authorization"):
+            if secret_key in data:
+                raise ValueError(
+                    f"{where}.{secret_key}: API keys must not be written in configs; put the key in an "
+                    f"environment variable and name it in {where}.api_key_env"
+                )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+        for required in ("base_urls", "model"):
+            if required not in data or data[required] in (None, "", []):
+                raise ValueError(f"{where}.{required} is required")
+        urls = data["base_urls"]
+        if isinstance(urls, str):
+            urls = [urls]
+        if not isinstance(urls, list | tuple) or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+            raise ValueError(f"{where}.base_urls: expected a list of http(s):// URLs, got {urls!r}")
+        data["base_urls"] = tuple(urls)
+        out = cls(**data)
+        out._check(where)
+        return out
+
+    def _check(self, where: str) -> None:
+        def bad(key: str, why: str) -> ValueError:
+            return ValueError(f"{where}.{key}: {why}, got {getattr(self, key)!r}")
+
+        if self.mode not in grading.MODES:
+            raise bad("mode", f"expected one of {grading.MODES}")
+        if self.structured_outputs not in ("auto", "on", "off"):
+            raise bad("structured_outputs", "expected auto, on or off")
+        for key in ("batch_size", "max_concurrency", "max_attempts"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise bad(key, "expected an integer >= 1")
+        for key in ("timeout_s", "backoff_base_s", "backoff_max_s", "ray_num_cpus", "ray_timeout_s"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+                raise bad(key, "expected a number >= 0")
+        if self.max_failures is not None and (not isinstance(self.max_failures, int) or self.max_failures < 0):
+            raise bad("max_failures", "expected an integer >= 0 or null")
+        if self.api_key_env is not None and not isinstance(self.api_key_env, str):
+            raise bad("api_key_env", "expected the NAME of an environment variable")
+
+    def api_key(self) -> str | None:
+        """The key from the environment (never stored on the config)."""
+        if not self.api_key_env:
+            return None
+        value = os.environ.get(self.api_key_env)
+        if not value:
+            raise JudgeError(f"judge.api_key_env names {self.api_key_env}, but that environment variable is not set")
+        return value
+
+    def tokens_for(self, n_criteria: int) -> int:
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return 512 if self.mode == "per_criterion" else 64 + 16 * n_criteria
+
+
+def _plain(cfg: Any) -> Any:
+    try:  # OmegaConf DictConfig -> plain containers, interpolations resolved
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig | ListConfig):
+            return OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a core dependency
+        pass
+    return dict(cfg) if isinstance(cfg, Mapping) else cfg
+
+
+@dataclass
+class _Unit:
+    """One judge call: some criteria of one response (1 in per-criterion mode, <= batch_size batched)."""
+
+    request: JudgeRequest
+    criteria: list[Criterion]
+    keys: list[str]
+
+
+class HttpJudge:
+    """The LLM judge. Thread-safe; ``judge`` may be called from any thread except its own loop's."""
+
+    def __init__(self, config: HttpJudgeConfig) -> None:
+        self.config = config
+        self._api_key = config.api_key()
+        self._template = grading.TEMPLATE_VERSION[config.mode]
+        self._cache = VerdictCache(config.cache_path) if config.cache else None
+        self._cache_hits = 0
+        self._unknown_verdicts = 0
+        self._unknown_responses = 0
+        self._verdicts = 0
+        self._loop = LoopThread()
+        self._client: ChatClient | None = None
+        self._finalizer = weakref.finalize(self, HttpJudge._shutdown, self._loop, self._cache, [None])
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"HttpJudge(mode={c.mode!r}, model={c.model!r}, base_urls={list(c.base_urls)!r})"
+
+    # -- public API (interfaces.Judge) -------------------------------------------------------------
+    def judge(self, requests: Sequence[JudgeRequest]) -> list[list[Verdict]]:
+        return self._loop.run(self.ajudge(requests))
+
+    async def ajudge(self, requests: Sequence[JudgeRequest]) -> list[list[Verdict]]:
+        """Coroutine form of ``judge``; must run on this judge's loop (``judge`` does that for you)."""
+        client = self._get_client()
+        verdicts: list[list[Verdict]] = [[None] * len(r.rubric.criteria) for r in requests]
+        owners: dict[str, list[tuple[int, int]]] = {}  # verdict key -> every (request, criterion) slot
+        first: list[list[tuple[Criterion, str]]] = [[] for _ in requests]  # uncached work per request
+        for i, req in enumerate(requests):
+            for k, crit in enumerate(req.rubric.criteria):
+                key = verdict_key(self.config.model, self._template, req.conversation, req.response, crit)
+                hit = self._cache.get(key) if self._cache is not None else None
+                if hit is not None:
+                    verdicts[i][k] = hit
+                    self._cache_hits += 1
+                    continue
+                if key not in owners:  # identical triples in one batch are judged once
+                    owners[key] = []
+                    first[i].append((crit, key))
+                owners[key].append((i, k))
+        units = self._plan_units(requests, first)
+        results = await self._run_units(client, units)  # key -> verdict
+        if self._cache is not None:
+            self._cache.put_many({k: v for k, v in results.items() if v is not None})
+        for key, slots in owners.items():
+            for i, k in slots:
+                verdicts[i][k] = results.get(key)
+        self._count(verdicts)
+        return verdicts
+
+    @property
+    def stats(self) -> JudgeStats:
+        c = self._client.counters if self._client is not None else None
+        extra = {
+            "retries": float(c.retries if c else 0),
+            "timeouts": float(c.timeouts if c else 0),
+            "connection_errors": float(c.connection_errors if c else 0),
+            "http_errors": float(c.http_errors if c else 0),
+            "rate_limited": float(c.rate_limited if c else 0),
+            "parse_errors": float(c.parse_errors if c else 0),
+            "gave_up": float(c.gave_up if c else 0),
+            "structured_fallbacks": float(c.structured_fallbacks if c else 0),
+            "unknown_responses": float(self._unknown_responses),
+            "verdicts": float(self._verdicts),
+        }
+        return JudgeStats(
+            calls=c.calls if c else 0,
+            cache_hits=self._cache_hits,
+            unknown_verdicts=self._unknown_verdicts,
+            failures=c.failures if c else 0,
+            extra=extra,
+        )
+
+    def metrics(self, prefix: str = "judge/") -> dict[str, float]:
+        return stats_to_metrics(self.stats, prefix)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> HttpJudge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------------
+    def _get_client(self) -> ChatClient:
+        if self._client is None:
+            c = self.config
+            self._client = ChatClient(
+                c.base_urls,
+                c.model,
+                api_key=self._api_key,
+                max_concurrency=c.max_concurrency,
+                timeout_s=c.timeout_s,
+                retry=RetryPolicy(c.max_attempts, c.backoff_base_s, c.backoff_max_s),
+                max_failures=c.max_failures,
+                structured_outputs=c.structured_outputs,  # type: ignore[arg-type]
+                temperature=c.temperature,
+                extra_body=dict(c.extra_body or {}),
+                seed=c.seed,
+            )
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, HttpJudge._shutdown, self._loop, self._cache, [self._client])
+        return self._client
+
+    def _plan_units(self, requests: Sequence[JudgeRequest], first: list[list[tuple[Criterion, str]]]) -> list[_Unit]:
+        size = 1 if self.config.mode == "per_criterion" else self.config.batch_size
+        units = []
+        for req, work in zip(requests, first):
+            for start in range(0, len(work), size):
+                chunk = work[start : start + size]
+                units.append(_Unit(req, [c for c, _ in chunk], [k for _, k in chunk]))
+        return units
+
+    async def _run_units(self, client: ChatClient, units: list[_Unit]) -> dict[str, Verdict]:
+        results: dict[str, Verdict] = {}
+        bar = _progress(len(units), self.config.progress)
+
+        async def run(unit: _Unit) -> None:
+            got = await self._judge_unit(client, unit)  # [len(unit.keys)] bools or Nones
+            results.update(zip(unit.keys, got))
+            if bar is not None:
+                bar.update(1)
+
+        try:
+            # A TaskGroup cancels every other call as soon as one raises (e.g. the failure cap).
+            async with asyncio.TaskGroup() as tg:
+                for unit in units:
+                    tg.create_task(run(unit))
+        except* JudgeError as group:
+            raise group.exceptions[0] from None
+        finally:
+            if bar is not None:
+                bar.close()
+        return results
+
+    async def _judge_unit(self, client: ChatClient, unit: _Unit) -> list[Verdict]:
+        req, n = unit.request, len(unit.criteria)
+        if self.config.mode == "per_criterion":
+            messages = grading.per_criterion_messages(req.conversation, req.response, unit.criteria[0])
+            met = await client.complete(
+                messages,
+                grading.parse_per_criterion,
+                schema_name="criterion_verdict",
+                schema=grading.per_criterion_schema(self.config.max_explanation_chars),
+                max_tokens=self.config.tokens_for(1),
+            )
+            return [met]
+        messages = grading.batched_messages(req.conversation, req.response, unit.criteria)
+        got = await client.complete(
+            messages,
+            lambda reply: grading.parse_batched(reply, n),
+            schema_name="rubric_verdicts",
+            schema=grading.batched_schema(n),
+            max_tokens=self.config.tokens_for(n),
+        )
+        return list(got) if got is not None else [None] * n
+
+    def _count(self, verdicts: list[list[Verdict]]) -> None:
+        for row in verdicts:
+            self._verdicts += len(row)
+            unknown = sum(v is None for v in row)
+            self._unknown_verdicts += unknown
+            self._unknown_responses += unknown > 0
+
+    @staticmethod
+    def _shutdown(loop: LoopThread, cache: VerdictCache | None, client_box: list) -> None:
+        client = client_box[0]
+        if client is not None and loop.loop.is_running():
+            try:
+                loop.run(client.close(), timeout=5)
+            except Exception as exc:  # closing is best effort; never mask the caller's own error
+                log.debug("judge client close failed: %s", type(exc).__name__)
+        loop.stop()
+        if cache is not None:
+            cache.close()
+
+
+def stats_to_metrics(stats: JudgeStats, prefix: str = "judge/") -> dict[str, float]:
+    out = {
+        f"{prefix}calls": float(stats.calls),
+        f"{prefix}cache_hits": float(stats.cache_hits),
+        f"{prefix}unknown_verdicts": float(stats.unknown_verdicts),
+        f"{prefix}failures": float(stats.failures),
+    }
+    out.update({f"{prefix}{k}": float(v) for k, v in stats.extra.items()})
+    return out
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled or total == 0:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="judge calls", unit="call", leave=False)
+
+
+def build_http_judge(cfg: Mapping[str, Any]):
+    """Factory used by ``rise_nemo.judges.build_judge`` for ``judge.type: http``.
+
+    Returns an ``HttpJudge``, or a ``RayJudge`` wrapping one when ``ray_actor: true``.
+    """
+    config = HttpJudgeConfig.from_mapping(cfg)
+    if config.ray_actor:
+        from rise_nemo.judges.ray_actor import RayJudge
+
+        inner = {**_plain(cfg), "ray_actor": False}
+        return RayJudge(
+            "rise_nemo.judges.http:build_http_judge",
+            inner,
+            num_cpus=config.ray_num_cpus,
+            timeout_s=config.ray_timeout_s,
+        )
+    return HttpJudge(config)
