@@ -1,0 +1,31 @@
+"""Backend factory: ``build_backend(cfg) -> (Policy, Generator)`` dispatching on ``cfg.backend``.
+
+Backends are imported lazily so that choosing ``local`` never imports NeMo-RL and choosing ``nemo``
+never needs transformers' tiny-model helpers. Each backend module exposes ``build(cfg)`` taking the
+recipe's own block for ``local`` (``build(cfg.local)``, see rise_nemo.backends.local) and the whole
+validated recipe for ``nemo`` (it needs ``nemo`` plus ``grpo``/``run``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from rise_nemo.interfaces import Generator, Policy
+
+BACKEND_MODULES: dict[str, str] = {
+    "local": "rise_nemo.backends.local",
+    "nemo": "rise_nemo.backends.nemo",
+}
+
+
+def build_backend(cfg: Any) -> tuple[Policy, Generator]:
+    name = cfg.backend
+    if name not in BACKEND_MODULES:
+        raise ValueError(f"config key 'backend': unknown backend {name!r}; expected one of {sorted(BACKEND_MODULES)}")
+    module = importlib.import_module(BACKEND_MODULES[name])
+    build = getattr(module, "build", None)
+    if build is None:
+        raise ImportError(f"{BACKEND_MODULES[name]} does not define build(cfg)")
+    policy, generator = build(cfg.local if name == "local" else cfg)
+    return policy, generator

@@ -1,0 +1,82 @@
+"""Training/evaluation prompts for a run and the checkpointable prompt sampler.
+
+``data.source``:
+  persistent  the generated persistent-criteria task (rise_nemo.data.persistent_task), parameters in
+              ``data.task``
+  jsonl       rubric files (``data.train_path`` / ``data.eval_path``, JSONL or parquet) in any format
+              rise_nemo.data.loaders reads (healthbench, rubrichub, rar, rise; ``data.format``)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rise_nemo.core.rubric import RubricPrompt
+from rise_nemo.data.loaders import load_rubric_prompts
+
+
+def load_prompts(cfg: Any) -> tuple[list[RubricPrompt], list[RubricPrompt]]:
+    """(train prompts, held-out eval prompts) for the recipe, truncated to ``data.max_*_prompts``."""
+    if cfg.data.source == "persistent":
+        from rise_nemo.data import persistent_task
+
+        train, held_out = persistent_task.load_task_prompts(cfg)
+    elif cfg.data.source == "jsonl":
+        if not cfg.data.train_path:
+            raise ValueError("config key 'data.train_path' is required when data.source is jsonl")
+        fmt, skip = str(cfg.data.format), bool(cfg.data.skip_invalid)
+        train = load_rubric_prompts(cfg.data.train_path, fmt, skip).prompts
+        held_out = load_rubric_prompts(cfg.data.eval_path, fmt, skip).prompts if cfg.data.eval_path else []
+    else:
+        raise ValueError(f"config key 'data.source': unknown source {cfg.data.source!r}")
+    if cfg.data.max_train_prompts:
+        train = train[: int(cfg.data.max_train_prompts)]
+    if cfg.data.max_eval_prompts:
+        held_out = held_out[: int(cfg.data.max_eval_prompts)]
+    if cfg.eval.max_prompts:
+        held_out = held_out[: int(cfg.eval.max_prompts)]
+    if not train:
+        raise ValueError(f"data.source={cfg.data.source}: no training prompts")
+    return list(train), list(held_out)
+
+
+class PromptSampler:
+    """Epoch-wise shuffled batches of prompts; the position is part of the checkpoint.
+
+    The order of epoch e is a permutation drawn from a NumPy generator seeded by (seed, e), so it never
+    depends on any other RNG use and resumes exactly from (epoch, position)."""
+
+    def __init__(self, prompts: Sequence[RubricPrompt], per_step: int, seed: int, shuffle: bool = True):
+        if not prompts:
+            raise ValueError("PromptSampler needs at least one prompt")
+        self.prompts = list(prompts)
+        self.per_step = per_step
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+
+    def _order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.prompts)))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.prompts)).tolist()
+
+    def next_batch(self) -> list[RubricPrompt]:
+        batch = []
+        while len(batch) < self.per_step:
+            order = self._order(self.epoch)
+            take = order[self.position : self.position + self.per_step - len(batch)]
+            batch.extend(self.prompts[i] for i in take)
+            self.position += len(take)
+            if self.position >= len(order):
+                self.epoch, self.position = self.epoch + 1, 0
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

@@ -1,0 +1,416 @@
+"""One training step of RISE-RL and of its baselines (DESIGN.md §2), written against rise_nemo.interfaces.
+
+``train_step`` reads top to bottom; every stage is a named function below it. Which method runs is
+configuration only (``MethodSpec.from_config``):
+
+  rise       GRPO on natural rollouts + the decoupled guide loss on retained privileged rollouts (eq. 12)
+  rubric_rl  GRPO only (guidance off)
+  uniform    rise with uniform token weights in the guide loss (log p instead of log rho)
+  coupled    privileged rollouts, re-scored under the original prompt, join the natural GRPO group
+  ruscarl    natural rollouts sampled under scaffolded prompts, trained under the original prompt as GRPO
+
+Every formula comes from rise_nemo.core; this module only moves data between the policy, the generator
+and the judge and decides what happens when.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rise_nemo.core.advantages import (
+    coupled_group_advantages,
+    group_advantages,
+    reference_advantages,
+    retained,
+)
+from rise_nemo.core.losses import ObjectiveConfig, overlong_penalty, rise_objective
+from rise_nemo.core.prompts import build_privileged_prompt, build_ruscarl_prompt, ruscarl_num_scaffold
+from rise_nemo.core.rewards import criterion_priority, failure_matrix, rubric_reward, select_feedback
+from rise_nemo.core.rubric import Criterion, RubricPrompt
+from rise_nemo.interfaces import (
+    KIND_GUIDED,
+    KIND_NATURAL,
+    Generator,
+    Judge,
+    JudgeRequest,
+    Policy,
+    Rollout,
+    SamplingParams,
+    Verdict,
+)
+
+# Seed streams: each generate call in a step gets its own seed derived from (run seed, step, stream), so a
+# resumed run samples exactly what the uninterrupted run sampled.
+STREAM_NATURAL, STREAM_PRIVILEGED, STREAM_EVAL = 1, 2, 3
+
+
+def derive_seed(run_seed: int, step: int, stream: int) -> int:
+    return (run_seed * 1_000_003 + step * 7_919 + stream * 104_729) % (2**31 - 1)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    guidance: bool  # generate privileged rollouts while the schedule is active
+    coupled: bool  # privileged rows join the natural GRPO group (kind 0) instead of the guide loss
+    ruscarl: bool  # natural rollouts sampled under RuscaRL scaffolds
+    token_weighting: str  # guide-loss token weights: "policy_support" (eqs. 9-10) or "uniform"
+
+    @staticmethod
+    def from_config(method: str) -> MethodSpec:
+        specs = {
+            "rise": MethodSpec(True, False, False, "policy_support"),
+            "uniform": MethodSpec(True, False, False, "uniform"),
+            "coupled": MethodSpec(True, True, False, "policy_support"),
+            "rubric_rl": MethodSpec(False, False, False, "policy_support"),
+            "ruscarl": MethodSpec(False, False, True, "policy_support"),
+        }
+        if method not in specs:
+            raise ValueError(f"config key 'method': unknown method {method!r}; expected one of {sorted(specs)}")
+        return specs[method]
+
+
+@dataclass
+class StepContext:
+    """Everything a step needs; built once by the trainer."""
+
+    cfg: Any  # validated recipe (DictConfig)
+    policy: Policy
+    generator: Generator
+    judge: Judge
+    schedule: Any  # rise_nemo.core.schedule.GuidanceSchedule
+    rng: random.Random  # template choice (eq. 6) and RuscaRL criterion subsets; checkpointed
+    spec: MethodSpec
+    total_steps: int
+    pad_id: int = 0
+    _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
+
+    def original_prompt_ids(self, prompt: RubricPrompt) -> list[int]:
+        key = prompt.prompt_id
+        if key not in self._prompt_ids:
+            self._prompt_ids[key] = list(self.generator.encode_prompt(list(prompt.messages)))
+        return self._prompt_ids[key]
+
+
+@dataclass
+class Scored:
+    """Judged rollouts of N prompts x G samples."""
+
+    rollouts: list[list[Rollout]]
+    verdicts: list[list[list[Verdict]]]  # [N][G][K_n]
+    rewards: torch.Tensor  # [N, G] eq. 3 (+ overlong penalty); 0 where invalid
+    valid: torch.Tensor  # bool [N, G]; False = some verdict unknown -> response excluded
+
+    @property
+    def mean_reward(self) -> float | None:
+        return float(self.rewards[self.valid].mean()) if bool(self.valid.any()) else None
+
+
+@dataclass
+class TrainSample:
+    prompt_ids: list[int]  # ORIGINAL prompt's tokens (guided and RuscaRL rows are spliced onto them)
+    response_ids: list[int]
+    kind: int
+    advantage: float
+    generation_logprobs: list[float]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The step
+
+
+def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    guided_phase = ctx.spec.guidance and bool(ctx.schedule.active)
+    lam = float(ctx.schedule.lambda_at(step)) if ctx.spec.guidance else 0.0
+
+    natural = sample_natural(ctx, prompts, step)  # [N][G] rollouts
+    nat = judge_and_score(ctx, prompts, natural)  # rewards/valid [N, G]
+    nat_adv = group_advantages(nat.rewards, eps=ctx.cfg.grpo.eps, valid=nat.valid)  # eq. 1, [N, G]
+    t_natural = time.perf_counter()
+
+    priv, targets = None, []
+    if guided_phase:
+        feedback = [feedback_criteria(p, v, nat.valid[i], ctx.cfg.rise.top_m) for i, (p, v) in
+                    enumerate(zip(prompts, nat.verdicts))]  # eqs. 4-5
+        targets = [i for i, crit in enumerate(feedback) if crit]
+        priv = sample_privileged(ctx, prompts, feedback, targets, step)  # eq. 6, judged on the ORIGINAL rubric
+    t_priv = time.perf_counter()
+
+    samples = natural_samples(ctx, prompts, natural, nat, nat_adv)
+    guide_stats: dict[str, Any] = {}
+    if priv is not None and targets:
+        if ctx.spec.coupled:
+            samples, guide_stats = coupled_samples(ctx, prompts, natural, nat, priv, targets)
+        else:
+            guided, guide_stats = guided_samples(ctx, prompts, nat, priv, targets)  # eqs. 7-8
+            samples += guided
+
+    batch = build_batch(samples, ctx.pad_id)
+    batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
+    train_metrics = ctx.policy.train(batch, make_loss_fn(ctx, lam))  # eq. 12, ONE call for both kinds
+    t_train = time.perf_counter()
+
+    delta_r = guidance_delta(nat, priv, targets)  # eq. 13
+    if ctx.spec.guidance:
+        ctx.schedule.update(step, delta_r)
+    return step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_metrics, guide_stats,
+                        times=(t_start, t_natural, t_priv, t_train, time.perf_counter()))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Stages
+
+
+def sampling_params(cfg: Any, step: int, stream: int) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=int(cfg.grpo.max_new_tokens),
+        temperature=float(cfg.grpo.temperature),
+        top_p=float(cfg.grpo.top_p),
+        seed=derive_seed(int(cfg.run.seed), step, stream),
+    )
+
+
+def sample_natural(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> list[list[Rollout]]:
+    """G rollouts per prompt under the original conversation (RuscaRL: under per-sample scaffolds)."""
+    g = int(ctx.cfg.grpo.group_size)
+    params = sampling_params(ctx.cfg, step, STREAM_NATURAL)
+    if not ctx.spec.ruscarl:
+        return ctx.generator.generate([list(p.messages) for p in prompts], g, params)
+    progress = (step - 1) / max(1, ctx.total_steps)  # x in [0, 1): training progress of phi(x)
+    scaffolds = []
+    for p in prompts:
+        criteria = list(p.rubric.criteria)
+        for i in range(g):
+            n_shown = ruscarl_num_scaffold(
+                len(criteria), i, g, progress, alpha=float(ctx.cfg.ruscarl.alpha), t0=float(ctx.cfg.ruscarl.t0)
+            )
+            scaffolds.append(build_ruscarl_prompt(list(p.messages), criteria, ctx.rng, num=n_shown))
+    flat = ctx.generator.generate(scaffolds, 1, params)  # [N*G][1]
+    return [[flat[n * g + i][0] for i in range(g)] for n in range(len(prompts))]
+
+
+def judge_and_score(
+    ctx: StepContext, prompts: Sequence[RubricPrompt], groups: Sequence[Sequence[Rollout]]
+) -> Scored:
+    """Judge every response against its prompt's full rubric in the ORIGINAL conversation; eq. 3 rewards."""
+    verdicts = judge_groups(ctx.judge, prompts, groups)
+    n, g = len(groups), max((len(x) for x in groups), default=0)
+    rewards = torch.zeros(n, g)
+    valid = torch.zeros(n, g, dtype=torch.bool)
+    for i, (prompt, group) in enumerate(zip(prompts, groups)):
+        weights = prompt.rubric.weights
+        for j, verdict in enumerate(verdicts[i]):
+            if any(v is None for v in verdict):
+                continue  # unknown verdict: excluded from rewards, advantages and training (counted)
+            z = torch.tensor([float(v) for v in verdict])
+            rewards[i, j] = rubric_reward(z, weights, clip_min=ctx.cfg.reward.clip_min)
+            valid[i, j] = True
+        if ctx.cfg.reward.overlong_buffer > 0 and group:
+            lengths = [len(r.response_token_ids) for r in group]
+            pen = overlong_penalty(lengths, int(ctx.cfg.grpo.max_new_tokens), int(ctx.cfg.reward.overlong_buffer),
+                                   float(ctx.cfg.reward.overlong_factor))
+            rewards[i, : len(group)] += torch.where(valid[i, : len(group)], pen, torch.zeros_like(pen))
+    return Scored(list(map(list, groups)), verdicts, rewards, valid)
+
+
+def judge_groups(
+    judge: Judge, prompts: Sequence[RubricPrompt], groups: Sequence[Sequence[Rollout]]
+) -> list[list[list[Verdict]]]:
+    """One judge call for all responses; each request carries the ORIGINAL conversation, never a hint."""
+    requests = [
+        JudgeRequest(conversation=list(p.messages), response=r.response_text, rubric=p.rubric, prompt_id=p.prompt_id)
+        for p, group in zip(prompts, groups)
+        for r in group
+    ]
+    flat = judge.judge(requests) if requests else []
+    if len(flat) != len(requests):
+        raise RuntimeError(f"judge returned {len(flat)} verdict lists for {len(requests)} requests")
+    out, pos = [], 0
+    for p, group in zip(prompts, groups):
+        rows = [list(v) for v in flat[pos : pos + len(group)]]
+        for row in rows:
+            if len(row) != len(p.rubric):
+                raise RuntimeError(f"judge returned {len(row)} verdicts for prompt {p.prompt_id} with {len(p.rubric)} criteria")
+        out.append(rows)
+        pos += len(group)
+    return out
+
+
+def feedback_criteria(
+    prompt: RubricPrompt, verdicts: list[list[Verdict]], valid: torch.Tensor, top_m: int | None
+) -> list[Criterion]:
+    """Eqs. 4-5 over the valid natural responses: the TopM repeatedly failed criteria (may be empty)."""
+    rows = [[bool(v) for v in verdicts[j]] for j in range(len(verdicts)) if bool(valid[j])]
+    if not rows:
+        return []
+    z = torch.tensor(rows, dtype=torch.bool)  # [G_valid, K]
+    weights = prompt.rubric.weights
+    failures = failure_matrix(z, weights).sum(0)  # f_k, [K]
+    chosen = select_feedback(criterion_priority(z, weights), failures, top_m)
+    return [prompt.rubric.criteria[k] for k in chosen]
+
+
+def sample_privileged(
+    ctx: StepContext, prompts: Sequence[RubricPrompt], feedback: list[list[Criterion]], targets: list[int], step: int
+) -> Scored | None:
+    """G' rollouts per target prompt under its privileged prompt (eq. 6), judged on the ORIGINAL rubric."""
+    if not targets:
+        return None
+    g_priv = int(ctx.cfg.rise.privileged_group_size or ctx.cfg.grpo.group_size)
+    hinted = [build_privileged_prompt(list(prompts[i].messages), feedback[i], ctx.rng) for i in targets]
+    rollouts = ctx.generator.generate(hinted, g_priv, sampling_params(ctx.cfg, step, STREAM_PRIVILEGED))
+    return judge_and_score(ctx, [prompts[i] for i in targets], rollouts)
+
+
+def natural_samples(
+    ctx: StepContext, prompts: Sequence[RubricPrompt], natural: list[list[Rollout]], nat: Scored, adv: torch.Tensor
+) -> list[TrainSample]:
+    """Kind-0 rows: every valid natural response with its eq. 1 advantage (RuscaRL: under the original prompt)."""
+    out = []
+    for i, (prompt, group) in enumerate(zip(prompts, natural)):
+        for j, r in enumerate(group):
+            if not bool(nat.valid[i, j]):
+                continue
+            prompt_ids = ctx.original_prompt_ids(prompt) if ctx.spec.ruscarl else list(r.prompt_token_ids)
+            out.append(TrainSample(prompt_ids, list(r.response_token_ids), KIND_NATURAL, float(adv[i, j]),
+                                   list(r.sampling_logprobs)))
+    return out
+
+
+def guided_samples(
+    ctx: StepContext, prompts: Sequence[RubricPrompt], nat: Scored, priv: Scored, targets: list[int]
+) -> tuple[list[TrainSample], dict[str, Any]]:
+    """Kind-1 rows: privileged responses with A_ref > 0 (eqs. 7-8), spliced onto the ORIGINAL prompt."""
+    a_ref = reference_advantages(priv.rewards, nat.rewards[targets], nat.valid[targets])  # [N', G']
+    keep = retained(a_ref) & priv.valid  # [N', G']
+    out = []
+    for t, i in enumerate(targets):
+        for j, r in enumerate(priv.rollouts[t]):
+            if bool(keep[t, j]):
+                # Sampling log-probs were taken under the hinted prompt: meaningless under the original one.
+                out.append(TrainSample(ctx.original_prompt_ids(prompts[i]), list(r.response_token_ids),
+                                       KIND_GUIDED, float(a_ref[t, j]), [0.0] * len(r.response_token_ids)))
+    valid_refs = a_ref[priv.valid]
+    stats = {
+        "guidance/retained": len(out),
+        "guidance/retained_frac": len(out) / max(1, int(priv.valid.sum())),
+        "guidance/a_ref_mean": float(valid_refs.mean()) if valid_refs.numel() else None,
+    }
+    return out, stats
+
+
+def coupled_samples(
+    ctx: StepContext,
+    prompts: Sequence[RubricPrompt],
+    natural: list[list[Rollout]],
+    nat: Scored,
+    priv: Scored,
+    targets: list[int],
+) -> tuple[list[TrainSample], dict[str, Any]]:
+    """Coupled ablation: privileged rows join their prompt's natural group (eq. 1 over G + G'), all kind 0."""
+    adv_nat = group_advantages(nat.rewards, eps=ctx.cfg.grpo.eps, valid=nat.valid).clone()  # [N, G]
+    adv_n, adv_p = coupled_group_advantages(nat.rewards[targets], priv.rewards, eps=ctx.cfg.grpo.eps,
+                                            nat_valid=nat.valid[targets], priv_valid=priv.valid)
+    adv_nat[targets] = adv_n
+    samples = natural_samples(ctx, prompts, natural, nat, adv_nat)
+    for t, i in enumerate(targets):
+        for j, r in enumerate(priv.rollouts[t]):
+            if bool(priv.valid[t, j]):
+                samples.append(TrainSample(ctx.original_prompt_ids(prompts[i]), list(r.response_token_ids),
+                                           KIND_NATURAL, float(adv_p[t, j]), [0.0] * len(r.response_token_ids)))
+    return samples, {"guidance/retained": int(priv.valid.sum()), "guidance/retained_frac": 1.0}
+
+
+def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Right-padded training batch (rise_nemo.interfaces conventions) with the global count columns."""
+    if not samples:
+        raise RuntimeError("no trainable sample in this step (every verdict unknown?)")
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    b, t = len(samples), max(lengths)
+    input_ids = torch.full((b, t), pad_id, dtype=torch.long)  # [B, T]
+    token_mask = torch.zeros(b, t)  # [B, T], 1 on response tokens
+    gen_lp = torch.zeros(b, t)  # [B, T]
+    for row, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        input_ids[row, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
+        token_mask[row, p : p + r] = 1.0
+        gen_lp[row, p : p + r] = torch.tensor(s.generation_logprobs[:r] + [0.0] * (r - len(s.generation_logprobs)))
+    kind = torch.tensor([s.kind for s in samples], dtype=torch.long)  # [B]
+    natural_tokens = float(token_mask[kind == KIND_NATURAL].sum())
+    guided_seqs = float((kind == KIND_GUIDED).sum())
+    return {
+        "input_ids": input_ids,
+        "input_lengths": torch.tensor(lengths, dtype=torch.long),
+        "token_mask": token_mask,
+        "sample_mask": torch.ones(b),
+        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        "kind": kind,
+        "generation_logprobs": gen_lp,
+        "natural_token_count": torch.full((b,), natural_tokens),
+        "guided_seq_count": torch.full((b,), guided_seqs),
+    }
+
+
+def make_loss_fn(ctx: StepContext, lam: float):
+    """Eq. 12 with this step's lambda_guide; a picklable partial (NeMo-RL ships the loss to its workers)."""
+    g = ctx.cfg.grpo
+    cfg = ObjectiveConfig(
+        clip_low=float(g.clip_low), clip_high=float(g.clip_high), kl_coef=float(g.kl_coef),
+        entropy_coef=float(g.entropy_coef), lambda_guide=lam, gamma=float(ctx.cfg.rise.gamma),
+        a_max=float(ctx.cfg.rise.a_max), token_weighting=ctx.spec.token_weighting,
+    )
+    return functools.partial(rise_objective, cfg=cfg)
+
+
+def guidance_delta(nat: Scored, priv: Scored | None, targets: list[int]) -> float | None:
+    """Eq. 13's Delta_r: mean privileged reward - mean natural reward over the prompts that got guidance."""
+    if priv is None or not targets:
+        return None
+    nat_valid = nat.valid[targets]
+    if not bool(priv.valid.any()) or not bool(nat_valid.any()):
+        return None
+    return float(priv.rewards[priv.valid].mean() - nat.rewards[targets][nat_valid].mean())
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_metrics, guide_stats, times):
+    t_start, t_natural, t_priv, t_train, t_end = times
+    unknown = int((~nat.valid).sum()) + (int((~priv.valid).sum()) if priv is not None else 0)
+    kind = batch["kind"]
+    metrics: dict[str, Any] = {
+        "step": step,
+        "reward/natural_mean": _finite(nat.mean_reward),
+        "reward/natural_std": float(nat.rewards[nat.valid].std()) if int(nat.valid.sum()) > 1 else 0.0,
+        "reward/privileged_mean": _finite(priv.mean_reward) if priv is not None else None,
+        "guidance/active": bool(guided_phase),
+        "guidance/delta_r": _finite(delta_r),
+        "guidance/lambda": lam,
+        "guidance/retained": 0,
+        "guidance/privileged_rollouts": sum(len(g) for g in priv.rollouts) if priv is not None else 0,
+        "judge/unknown_excluded": unknown,
+        "batch/natural_rows": int((kind == KIND_NATURAL).sum()),
+        "batch/guided_rows": int((kind == KIND_GUIDED).sum()),
+        "loss/pg": None,
+        "loss/guide": None,
+        "policy/entropy": None,
+    }
+    metrics.update(guide_stats)
+    metrics.update({k: _finite(float(v)) for k, v in train_metrics.items()})
+    if ctx.spec.guidance:
+        metrics["guidance/switch_reason"] = getattr(ctx.schedule, "switch_reason", None)
+    metrics["time/step_s"] = t_end - t_start
+    metrics["time/natural_s"] = t_natural - t_start
+    metrics["time/privileged_s"] = t_priv - t_natural
+    metrics["time/train_s"] = t_train - t_priv
+    return metrics

@@ -1,0 +1,353 @@
+"""The training loop: steps, metrics, evaluation, checkpoints, resume and graceful stop.
+
+Run directory (docs/CONTRACTS.md)::
+
+    config.yaml        resolved recipe, secrets redacted
+    metrics.jsonl      one JSON object per step (see step.step_metrics for the keys)
+    train.log          human-readable log: start, resume (step, SLURM_RESTART_COUNT), evals, signals
+    checkpoints/       step_XXXXXX/ + latest (see checkpoint.py)
+    eval/step_XXXXXX.json   guidance-free evaluations
+    summary.json       written at the end: final step, last eval, guidance switch
+
+Resume: ``run()`` loads the latest complete checkpoint (policy, optimiser, all RNG states, data position,
+guidance schedule) and truncates ``metrics.jsonl`` to the steps it covers, so a kill after the last
+checkpoint never leaves repeated steps. On CPU a resumed run reproduces the uninterrupted one exactly
+(tests/orchestration/test_resume.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rise_nemo.config import to_yaml
+from rise_nemo.core.rubric import RubricPrompt
+from rise_nemo.core.schedule import GuidanceSchedule
+from rise_nemo.interfaces import Generator, Judge, Policy
+from rise_nemo.orchestration import checkpoint as ckpt
+from rise_nemo.orchestration.data import PromptSampler
+from rise_nemo.orchestration.evaluate import evaluate
+from rise_nemo.orchestration.signals import StopFlag
+from rise_nemo.orchestration.step import MethodSpec, StepContext, train_step
+
+log = logging.getLogger("rise_nemo.train")
+
+# Keys whose values depend on wall-clock time; everything else in metrics.jsonl is reproducible.
+TIMING_PREFIX = "time/"
+PROGRESS_KEYS = (("reward/natural_mean", "r_nat"), ("reward/privileged_mean", "r_priv"),
+                 ("guidance/delta_r", "dr"), ("guidance/lambda", "lam"), ("guidance/retained", "kept"))
+
+
+def resolve_run_dir(cfg: Any) -> Path:
+    return Path(cfg.run.dir) if cfg.run.dir else Path("runs") / str(cfg.run.name)
+
+
+def make_schedule(cfg: Any) -> GuidanceSchedule:
+    """eq. 13's schedule from ``rise.schedule`` (mode fixed / auto / never)."""
+    s = cfg.rise.schedule
+    return GuidanceSchedule(
+        lambda0=float(cfg.rise.lambda_guide), mode=str(s.mode), s_switch=int(s.switch_step), ema=float(s.ema),
+        tol=float(s.tolerance), patience=int(s.patience), min_steps=int(s.min_steps),
+        floor=None if s.floor is None else float(s.floor),
+    )
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: Any,
+        policy: Policy,
+        generator: Generator,
+        judge: Judge,
+        train_prompts: Sequence[RubricPrompt],
+        eval_prompts: Sequence[RubricPrompt],
+        run_dir: str | Path | None = None,
+        stop_after: int | None = None,
+    ):
+        """``stop_after``: behave as if a stop signal arrived during that step (tests, bounded sessions)."""
+        self.cfg = cfg
+        self.run_dir = Path(run_dir) if run_dir is not None else resolve_run_dir(cfg)
+        self.policy, self.generator, self.judge = policy, generator, judge
+        self.eval_prompts = list(eval_prompts)
+        self.steps = int(cfg.train.steps)
+        self.sampler = PromptSampler(train_prompts, int(cfg.grpo.prompts_per_step), int(cfg.run.seed),
+                                     bool(cfg.data.shuffle))
+        self.ctx = StepContext(
+            cfg=cfg, policy=policy, generator=generator, judge=judge, schedule=make_schedule(cfg),
+            rng=random.Random(int(cfg.run.seed)), spec=MethodSpec.from_config(str(cfg.method)),
+            total_steps=self.steps,
+        )
+        self.step = 0
+        self.stop_after = stop_after
+        self.stopped_by: str | None = None
+        self._sinks: list[Any] = []
+
+    # ------------------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Train to ``train.steps`` (resuming if a checkpoint exists). Returns 0, also after a signal."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        handler = self._attach_log_file()
+        try:
+            self._write_config()
+            seed_everything(int(self.cfg.run.seed))
+            self.resume()
+            self._open_sinks()
+            with StopFlag() as stop, self._progress() as bar:
+                if self.step == 0 and self.cfg.eval.at_start and self.eval_prompts:
+                    self.run_eval(0)
+                while self.step < self.steps and not stop.requested:
+                    self.step += 1
+                    metrics = train_step(self.ctx, self.sampler.next_batch(), self.step)
+                    self._log_metrics(metrics, bar)
+                    if self.stop_after is not None and self.step >= self.stop_after and not stop.requested:
+                        stop.requested = f"stop_after={self.stop_after}"
+                    if self._eval_due(self.step):
+                        self.run_eval(self.step)
+                    if self._checkpoint_due(self.step) or stop.requested:
+                        self.save()
+                if stop.requested and self.step < self.steps:
+                    self.stopped_by = stop.requested
+                    log.info("received %s: stopped after step %d with a complete checkpoint; exiting 0",
+                             stop.requested, self.step)
+                    return 0
+            self._write_summary()
+            log.info("finished %d steps in %s", self.steps, self.run_dir)
+            return 0
+        finally:
+            self._close_sinks()
+            logging.getLogger("rise_nemo").removeHandler(handler)
+            handler.close()
+
+    # ------------------------------------------------------------------------------------------------------
+    # Checkpoints
+
+    def trainer_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "rng": {
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                "step_rng": self.ctx.rng.getstate(),
+            },
+            "data": self.sampler.state_dict(),
+            "schedule": self.ctx.schedule.state_dict(),
+            "method": str(self.cfg.method),
+        }
+
+    def save(self) -> Path:
+        path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.trainer_state())
+        ckpt.prune_checkpoints(self.run_dir, int(self.cfg.train.keep_checkpoints))
+        log.info("checkpoint step %d -> %s", self.step, path)
+        return path
+
+    def resume(self) -> int:
+        """Load the latest complete checkpoint, if any, and truncate metrics.jsonl to it. Returns its step."""
+        path = ckpt.latest_checkpoint(self.run_dir)
+        if path is None:
+            truncate_metrics(self.run_dir / "metrics.jsonl", 0)
+            return 0
+        state = ckpt.load_checkpoint(path, self.policy)
+        if state.get("method") not in (None, str(self.cfg.method)):
+            raise RuntimeError(f"{path}: checkpoint of method {state['method']!r}, recipe says {self.cfg.method!r}")
+        self.step = int(state["step"])
+        rng = state["rng"]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.ctx.rng.setstate(rng["step_rng"])
+        self.sampler.load_state_dict(state["data"])
+        self.ctx.schedule.load_state_dict(state["schedule"])
+        dropped = truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
+        restarts = os.environ.get("SLURM_RESTART_COUNT")
+        log.info("resumed from %s at step %d (dropped %d metrics lines after it)%s", path, self.step, dropped,
+                 f"; SLURM_RESTART_COUNT={restarts}" if restarts is not None else "")
+        return self.step
+
+    # ------------------------------------------------------------------------------------------------------
+    # Evaluation, metrics, sinks
+
+    def _eval_due(self, step: int) -> bool:
+        every = int(self.cfg.eval.every)
+        return bool(self.eval_prompts) and (step == self.steps or (every > 0 and step % every == 0))
+
+    def _checkpoint_due(self, step: int) -> bool:
+        every = int(self.cfg.train.checkpoint_every)
+        return step == self.steps or (every > 0 and step % every == 0)
+
+    def run_eval(self, step: int) -> dict[str, Any]:
+        result = evaluate(self.cfg, self.generator, self.judge, self.eval_prompts, step)
+        out = self.run_dir / "eval" / f"step_{step:06d}.json"
+        out.parent.mkdir(exist_ok=True)
+        tmp = out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, out)
+        log.info("eval step %d: reward %.4f, persistent coverage %s, negative rate %s", step,
+                 result["reward_mean"] or float("nan"), _fmt(result["persistent_coverage"]),
+                 _fmt(result["negative_rate"]))
+        for sink in self._sinks:
+            sink.log({f"eval/{k}": v for k, v in result.items() if isinstance(v, int | float)}, step)
+        return result
+
+    def _log_metrics(self, metrics: dict[str, Any], bar: Any) -> None:
+        with open(self.run_dir / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(metrics) + "\n")
+            fh.flush()
+        for sink in self._sinks:
+            sink.log({k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)},
+                     metrics["step"])
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix({short: _fmt(metrics.get(key)) for key, short in PROGRESS_KEYS}, refresh=False)
+        else:
+            log.debug("step %d %s", metrics["step"], {k: metrics.get(k) for k, _ in PROGRESS_KEYS})
+
+    def _progress(self):
+        if not self.cfg.train.progress:
+            return _NullContext()
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.steps, initial=self.step, desc=f"{self.cfg.method}", unit="step", dynamic_ncols=True)
+
+    def _open_sinks(self) -> None:
+        self._sinks = open_sinks(self.cfg, self.run_dir)
+
+    def _close_sinks(self) -> None:
+        for sink in self._sinks:
+            sink.close()
+        self._sinks = []
+
+    def _attach_log_file(self) -> logging.Handler:
+        handler = logging.FileHandler(self.run_dir / "train.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root = logging.getLogger("rise_nemo")
+        root.addHandler(handler)
+        if root.level == logging.NOTSET or root.level > logging.INFO:
+            root.setLevel(logging.INFO)
+        return handler
+
+    def _write_config(self) -> None:
+        (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
+
+    def _write_summary(self) -> None:
+        evals = sorted((self.run_dir / "eval").glob("step_*.json")) if (self.run_dir / "eval").is_dir() else []
+        last = json.loads(evals[-1].read_text()) if evals else None
+        summary = {
+            "method": str(self.cfg.method), "seed": int(self.cfg.run.seed), "steps": self.step,
+            "switch_reason": getattr(self.ctx.schedule, "switch_reason", None),
+            "switch_step": getattr(self.ctx.schedule, "switch_step", None),
+            "final_eval": {k: v for k, v in (last or {}).items() if k not in ("criteria", "samples")},
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def truncate_metrics(path: Path, last_step: int) -> int:
+    """Drop metrics lines with step > last_step (atomically). Returns how many lines were dropped."""
+    if not path.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            step = int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            dropped += 1  # a half-written line from a hard kill
+            continue
+        if step <= last_step:
+            keep.append(line)
+        else:
+            dropped += 1
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
+    return dropped
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3f}"
+    return str(x)
+
+
+class _NullContext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _TensorBoardSink:
+    def __init__(self, run_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        for k, v in values.items():
+            if v is not None:
+                self.writer.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _WandbSink:
+    def __init__(self, cfg: Any, run_dir: Path):
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(project=str(cfg.train.wandb_project), name=str(cfg.run.name), dir=str(run_dir),
+                              resume="allow")
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.run.log({k: v for k, v in values.items() if v is not None}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def open_sinks(cfg: Any, run_dir: Path) -> list[Any]:
+    """TensorBoard / W&B writers, only when enabled in ``train`` AND importable (else a logged note)."""
+    sinks: list[Any] = []
+    for enabled, name, factory in (
+        (cfg.train.tensorboard, "tensorboard", lambda: _TensorBoardSink(run_dir)),
+        (cfg.train.wandb, "wandb", lambda: _WandbSink(cfg, run_dir)),
+    ):
+        if not enabled:
+            continue
+        try:
+            sinks.append(factory())
+        except ImportError as exc:
+            log.warning("train.%s is enabled but %s is not installed (%s); skipping", name, name, exc)
+    return sinks
