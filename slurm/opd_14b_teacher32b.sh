@@ -1,0 +1,34 @@
+#!/bin/bash
+#SBATCH --job-name=opd_14b_teacher32b
+#SBATCH --nodes=4
+#SBATCH --gpus-per-node=8
+#SBATCH --ntasks-per-node=1
+#SBATCH --exclusive
+#SBATCH --time=04:00:00
+#SBATCH --signal=B:USR1@600
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=slurm-%x-%j.out
+# On-policy distillation baseline: Qwen3-14B student, Qwen3-32B teacher (recipes/opd_14b_teacher32b.yaml).
+# NeMo-RL runs the teacher as a policy inside the Ray cluster (its distillation path), so all 4 nodes
+# join Ray and no judge node is needed for training. RISE_TEACHER_NODES=1 instead serves the teacher
+# with vLLM on the last node (URL in RISE_TEACHER_URL) for recipes that read it.
+#   CONTAINER=/path/nemo-rl.sqsh sbatch slurm/opd_14b_teacher32b.sh
+RISE_RECIPE=${RISE_RECIPE:-recipes/opd_14b_teacher32b.yaml}
+RISE_USE_RAY=${RISE_USE_RAY:-1}
+RISE_JUDGE_NODES=${RISE_JUDGE_NODES:-0}
+RISE_TEACHER_NODES=${RISE_TEACHER_NODES:-0}
+RISE_TEACHER_MODEL=${RISE_TEACHER_MODEL:-Qwen/Qwen3-32B}
+RISE_TEACHER_TP=${RISE_TEACHER_TP:-4}
+export GPUS_PER_NODE
+# Locate the checkout: sbatch runs a spool copy of this file, so ask Slurm for the submitted path.
+if [[ -f "$(dirname "${BASH_SOURCE[0]}")/launch.sh" ]]; then
+  RISE_SBATCH_SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
+else
+  RISE_SBATCH_SCRIPT=$(scontrol show job "${SLURM_JOB_ID:-}" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')
+  [[ -f $RISE_SBATCH_SCRIPT ]] || RISE_SBATCH_SCRIPT=${SLURM_SUBMIT_DIR:-.}/slurm/$(basename "$0")
+fi
+RISE_REPO=${RISE_REPO:-$(cd "$(dirname "$RISE_SBATCH_SCRIPT")/.." && pwd)}
+export RISE_SBATCH_SCRIPT RISE_REPO RISE_RECIPE RISE_USE_RAY RISE_LOOPBACK RISE_JUDGE_NODES RISE_JUDGE_MODEL \
+  RISE_JUDGE_TP RISE_TEACHER_NODES RISE_TEACHER_MODEL RISE_TEACHER_TP
+exec bash "$RISE_REPO/slurm/launch.sh" "$@"

@@ -1,0 +1,32 @@
+#!/bin/bash
+#SBATCH --job-name=rise_4b
+#SBATCH --nodes=2
+#SBATCH --gpus-per-node=8
+#SBATCH --ntasks-per-node=1
+#SBATCH --exclusive
+#SBATCH --time=04:00:00
+#SBATCH --signal=B:USR1@600
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output=slurm-%x-%j.out
+# RISE-RL on Qwen3-4B (recipes/rise_4b.yaml): 1 training node (Ray head + driver) and 1 judge node
+# (gpt-oss-120b, 4 vLLM replicas of TP 2).
+#   CONTAINER=/path/nemo-rl.sqsh sbatch slurm/rise_4b.sh
+RISE_RECIPE=${RISE_RECIPE:-recipes/rise_4b.yaml}
+RISE_USE_RAY=${RISE_USE_RAY:-1}
+RISE_JUDGE_NODES=${RISE_JUDGE_NODES:-1}
+RISE_JUDGE_MODEL=${RISE_JUDGE_MODEL:-openai/gpt-oss-120b}
+RISE_JUDGE_TP=${RISE_JUDGE_TP:-2}
+RISE_TEACHER_NODES=${RISE_TEACHER_NODES:-0}
+export GPUS_PER_NODE
+# Locate the checkout: sbatch runs a spool copy of this file, so ask Slurm for the submitted path.
+if [[ -f "$(dirname "${BASH_SOURCE[0]}")/launch.sh" ]]; then
+  RISE_SBATCH_SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
+else
+  RISE_SBATCH_SCRIPT=$(scontrol show job "${SLURM_JOB_ID:-}" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')
+  [[ -f $RISE_SBATCH_SCRIPT ]] || RISE_SBATCH_SCRIPT=${SLURM_SUBMIT_DIR:-.}/slurm/$(basename "$0")
+fi
+RISE_REPO=${RISE_REPO:-$(cd "$(dirname "$RISE_SBATCH_SCRIPT")/.." && pwd)}
+export RISE_SBATCH_SCRIPT RISE_REPO RISE_RECIPE RISE_USE_RAY RISE_LOOPBACK RISE_JUDGE_NODES RISE_JUDGE_MODEL \
+  RISE_JUDGE_TP RISE_TEACHER_NODES RISE_TEACHER_MODEL RISE_TEACHER_TP
+exec bash "$RISE_REPO/slurm/launch.sh" "$@"

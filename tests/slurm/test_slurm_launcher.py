@@ -1,0 +1,204 @@
+"""The shared launcher (slurm/launch.sh): dry runs, exit codes, Ray start-up, judge servers.
+
+The dry-run tests need only bash; the others submit to the real single-node Slurm of conftest.py.
+Jobs here replace the trainer with RISE_DRIVER_CMD (a launcher feature) to test the launcher's own
+mechanics quickly; tests/slurm/test_slurm_train.py submits the real `rise-nemo train`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import textwrap
+
+import pytest
+from slurm_cluster import REPO_ROOT, require_tool
+
+pytestmark = pytest.mark.slurm
+SCRIPTS = sorted((REPO_ROOT / "slurm").glob("*.sh"))
+RECIPE_SCRIPTS = [p for p in SCRIPTS if p.name != "launch.sh"]
+
+
+def dry_run(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RISE_", "SBATCH_"))}
+    return subprocess.run(["bash", str(REPO_ROOT / "slurm" / script), "--dry-run", *args],
+                          env={**clean, **(env or {})}, capture_output=True, text=True, timeout=60,
+                          cwd=REPO_ROOT)
+
+
+def port_below_ephemeral() -> int:
+    """A free TCP port under 32768 (servers use ports outside the ephemeral range)."""
+    for port in range(21000 + os.getpid() % 5000, 32000, 7):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below 32000")
+
+
+def test_shellcheck_clean():
+    shellcheck = require_tool("shellcheck")
+    assert len(RECIPE_SCRIPTS) >= 5, [p.name for p in SCRIPTS]
+    res = subprocess.run([shellcheck, "-x", *map(str, SCRIPTS)], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_dry_run_rise_14b_on_four_nodes_lists_roles_and_commands():
+    res = dry_run("rise_14b.sh", "--nodes", "4", "train.steps=7")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    roles = dict(re.findall(r"node \d (node-\d) \S+: (\S+)", out))
+    assert roles == {"node-0": "ray-head+driver", "node-1": "ray-worker", "node-2": "ray-worker",
+                     "node-3": "judge(openai/gpt-oss-120b"}, out
+    assert len(re.findall(r"\[dry-run\] ray-head@node-0: srun .* start --head --node-ip-address=", out)) == 1
+    workers = re.findall(r"\[dry-run\] ray-worker-(\d)@(node-\d): srun .* start --address=\\<ip-of-node-0\\>:6379", out)
+    assert workers == [("1", "node-1"), ("2", "node-2")], out
+    # 8 GPUs / TP 2 = 4 judge replicas on the last node, on their own GPU slices and ports below 32768,
+    # bound to the node's cluster address.
+    judges = re.findall(r"\[dry-run\] judge-(\d)@node-3: srun .*HOST=\\<ip-of-node-3\\>\\ PORT=(\d+).*"
+                        r"CUDA_VISIBLE_DEVICES=([\d\\,]+).*vllm\\ serve", out)
+    assert [(r, p, g.replace("\\", "")) for r, p, g in judges] == [
+        ("0", "8000", "0,1"), ("1", "8001", "2,3"), ("2", "8002", "4,5"), ("3", "8003", "6,7")], out
+    assert out.count("health-check: curl") == 4
+    urls = ",".join(f"http://<ip-of-node-3>:{p}/v1" for p in range(8000, 8004))
+    assert f"RISE_JUDGE_URLS={urls}" in out
+    driver = [line for line in out.splitlines() if line.startswith("[dry-run] driver@node-0:")]
+    assert len(driver) == 1
+    assert "-m rise_nemo.cli train --config recipes/rise_14b.yaml run.dir=" in driver[0]
+    assert "judge.model=openai/gpt-oss-120b" in driver[0] and driver[0].count("train.steps=7") == 1
+    assert "dry run: nothing was started" in out
+    # Nothing started, nothing written.
+    assert not (REPO_ROOT / "runs" / "rise_14b-dryrun").exists()
+
+
+@pytest.mark.parametrize("script", [p.name for p in RECIPE_SCRIPTS])
+def test_dry_run_of_every_recipe_script_at_its_sbatch_node_count(script):
+    res = dry_run(script)
+    assert res.returncode == 0, res.stderr
+    nodes = int(re.search(r"^#SBATCH --nodes=(\d+)", (REPO_ROOT / "slurm" / script).read_text(), re.M)[1])
+    assert len(re.findall(r"node \d+ node-\d+ ", res.stdout)) == nodes
+    assert len(re.findall(r"^\[dry-run\] driver@node-0: ", res.stdout, re.M)) == 1
+
+
+def test_dry_run_refuses_an_allocation_without_room_for_training():
+    res = dry_run("rise_14b.sh", "--nodes", "1")
+    assert res.returncode == 2
+    assert "1 node(s) cannot hold training plus 0 teacher and 1 judge node(s)" in res.stderr
+    assert "--nodes >= 2" in res.stderr
+    res = dry_run("rise_14b.sh", "--bogus")
+    assert res.returncode == 2 and "unknown argument '--bogus'" in res.stderr
+
+
+def test_dry_run_under_sbatch_starts_nothing(slurm, tmp_path):
+    # rise_14b.sh on the one-node test cluster: no judge node, GPUs overridden (the node has none);
+    # --nodes has no SBATCH_ variable, so it goes on the command line.
+    env = {"RISE_DRY_RUN": "1", "RISE_JUDGE_NODES": "0", "SBATCH_GPUS_PER_NODE": "0",
+           "RISE_RUN_DIR": str(tmp_path / "run")}
+    job_id = slurm.sbatch("slurm/rise_14b.sh", sbatch_args=("--nodes=1", "-o", str(tmp_path / "out.log")), env=env)
+    job = slurm.wait(job_id, timeout=60)
+    out = (tmp_path / "out.log").read_text()
+    assert (job.state, job.exit_code) == ("COMPLETED", 0), out
+    # The script found the checkout from its spool copy (via the job's Command) and printed the plan.
+    assert f"node 0 {slurm.node} " in out and ": ray-head+driver" in out
+    assert f"[dry-run] driver@{slurm.node}: srun" in out and "--config recipes/rise_14b.yaml" in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_driver_exit_code_is_the_job_exit_code(slurm, tmp_path):
+    env = {"RISE_DRIVER_CMD": "echo driver on $(hostname) restart=${SLURM_RESTART_COUNT:-0}; exit 3",
+           "RISE_RUN_DIR": str(tmp_path / "run"), "RISE_LOOPBACK": "1"}
+    job_id = slurm.sbatch("slurm/rise_tiny_cpu.sh", sbatch_args=("-o", str(tmp_path / "out.log")), env=env)
+    job = slurm.wait(job_id, timeout=60)
+    assert (job.state, job.exit_code) == ("FAILED", 3), (tmp_path / "out.log").read_text()
+    logs = tmp_path / "run" / "logs"
+    assert "driver on " in (logs / "driver.log").read_text()
+    assert "driver exited with code 3" in (logs / "launcher.log").read_text()
+
+
+SERVER_CHECK_DRIVER = """
+import json, os, signal, sys, time, urllib.request
+from pathlib import Path
+
+import ray
+
+no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def healthy(url):
+    try:
+        return no_proxy.open(url.removesuffix("/v1") + "/health", timeout=2).status == 200
+    except OSError:
+        return False
+
+
+def wait(pred, timeout):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR")
+nodes = [n for n in ray.nodes() if n["Alive"]]
+urls = os.environ["RISE_JUDGE_URLS"].split(",")
+report = {"ray_address": os.environ["RAY_ADDRESS"], "ray_nodes": len(nodes),
+          "ray_node_ip": nodes[0]["NodeManagerAddress"], "urls": urls,
+          "healthy_at_start": all(healthy(u) for u in urls)}
+ray.shutdown()
+# Kill the judge server: the launcher must notice and start it again.
+pid_file = Path(os.environ["SERVE_DIR"]) / "server.pid"
+first_pid = int(pid_file.read_text())
+os.kill(first_pid, signal.SIGKILL)
+report["down_after_kill"] = wait(lambda: not healthy(urls[0]), 20)
+report["healthy_after_restart"] = wait(lambda: healthy(urls[0]), 60)
+report["new_pid"] = int(pid_file.read_text()) != first_pid
+Path(os.environ["REPORT"]).write_text(json.dumps(report))
+"""
+
+
+@pytest.mark.slow
+def test_ray_cluster_and_supervised_judge_server_on_loopback(slurm, tmp_path):
+    """Ray head + wait-for-cluster, a judge server health-checked, killed and restarted by the launcher."""
+    serve_dir = tmp_path / "serve"
+    serve_dir.mkdir()
+    (serve_dir / "health").write_text("ok\n")  # http.server answers GET /health with 200
+    driver = tmp_path / "driver.py"
+    driver.write_text(textwrap.dedent(SERVER_CHECK_DRIVER))
+    python = REPO_ROOT / ".venv" / "bin" / "python"
+    judge_port, ray_port = port_below_ephemeral(), port_below_ephemeral() + 1
+    ray_ports = {name: str(ray_port + 1 + i) for i, name in enumerate((
+        "RAY_NODE_MANAGER_PORT", "RAY_OBJECT_MANAGER_PORT", "RAY_DASHBOARD_AGENT_LISTEN_PORT",
+        "RAY_DASHBOARD_AGENT_GRPC_PORT", "RAY_RUNTIME_ENV_AGENT_PORT", "RAY_METRICS_EXPORT_PORT",
+        "RAY_DASHBOARD_PORT", "RAY_CLIENT_SERVER_PORT"))}
+    env = {
+        **ray_ports,
+        "RISE_USE_RAY": "1", "RISE_LOOPBACK": "1", "RISE_SHARE_NODES": "1", "RISE_JUDGE_NODES": "1",
+        "RISE_JUDGE_PORT": str(judge_port), "RISE_RAY_PORT": str(ray_port), "RAY_INCLUDE_DASHBOARD": "false",
+        "RAY_MIN_WORKER_PORT": str(ray_port + 20), "RAY_MAX_WORKER_PORT": str(ray_port + 60),
+        "RISE_SERVER_RESTART_DELAY": "1", "RISE_SERVER_TIMEOUT": "60", "RISE_RAY_TIMEOUT": "120",
+        "RISE_SERVE_CMD": f'cd {serve_dir} && echo $$ > server.pid && exec {python} -m http.server --bind "$HOST" "$PORT"',
+        "SERVE_DIR": str(serve_dir), "REPORT": str(tmp_path / "report.json"),
+        "RISE_DRIVER_CMD": f"{python} {driver}", "RISE_RUN_DIR": str(tmp_path / "run"),
+    }
+    job_id = slurm.sbatch("slurm/rise_tiny_cpu.sh", sbatch_args=("-o", str(tmp_path / "out.log")), env=env)
+    job = slurm.wait(job_id, timeout=180)
+    logs = tmp_path / "run" / "logs"
+    launcher_log = (logs / "launcher.log").read_text() if (logs / "launcher.log").exists() else ""
+    assert (job.state, job.exit_code) == ("COMPLETED", 0), (tmp_path / "out.log").read_text() + "\n" + \
+        "".join(p.read_text(errors="replace")[-2000:] for p in sorted(logs.glob("*.log")))
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["ray_address"] == f"127.0.0.1:{ray_port}" and report["ray_nodes"] == 1
+    assert report["ray_node_ip"] == "127.0.0.1"
+    assert report["urls"] == [f"http://127.0.0.1:{judge_port}/v1"]
+    assert report["healthy_at_start"] and report["down_after_kill"]
+    assert report["healthy_after_restart"] and report["new_pid"]
+    assert "all 1 server(s) healthy" in launcher_log
+    assert re.search(r"judge-\S+ on \S+ exited \(rc=\d+\): restart 1/5", launcher_log), launcher_log
+    assert "Ray nodes alive: 1/1" in launcher_log
