@@ -45,6 +45,11 @@ class JudgeActor:
         stats = getattr(self._judge, "stats", None)
         return stats if isinstance(stats, JudgeStats) else JudgeStats()
 
+    async def assigned_resources(self) -> dict[str, float]:
+        import ray
+
+        return dict(ray.get_runtime_context().get_assigned_resources())
+
     async def close(self) -> None:
         close = getattr(self._judge, "close", None)
         if close is not None:
@@ -99,6 +104,10 @@ class RayJudge:
         from rise_nemo.judges.http import stats_to_metrics
 
         return stats_to_metrics(self.stats, prefix)
+
+    def assigned_resources(self) -> dict[str, float]:
+        """What Ray gave the actor (e.g. {"CPU": 0.5}); never a GPU."""
+        return self._ray.get(self._actor.assigned_resources.remote(), timeout=30)
 
     def close(self) -> None:
         try:

@@ -63,7 +63,8 @@ def ray_session():
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before ray.init: stay on 127.0.0.1
     started = False
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # address="local": always our own small cluster, never one another process on the machine runs.
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         started = True
     yield ray
     if started:

@@ -13,55 +13,13 @@ import threading
 import time
 
 import pytest
+from judge_testlib import MODES, SECRET, expected, make_judge, small_requests
 
-from rise_nemo.core.rubric import Criterion, Rubric
-from rise_nemo.interfaces import Judge, JudgeRequest
+from rise_nemo.core.rubric import Rubric
+from rise_nemo.interfaces import JudgeRequest
 from rise_nemo.judges import grading
-from rise_nemo.judges.http import HttpJudge, JudgeError, JudgeFailureCapExceeded, build_http_judge
-from rise_nemo.judges.rule_server import RuleGraderServer, rule_verdict
-
-MODES = ["per_criterion", "batched"]
-
-
-def make_judge(urls, mode="batched", **overrides) -> HttpJudge:
-    cfg = {
-        "type": "http",
-        "mode": mode,
-        "model": "rule-grader",
-        "base_urls": urls if isinstance(urls, list) else [urls],
-        "batch_size": 4,
-        "max_concurrency": 16,
-        "timeout_s": 2.0,
-        "max_attempts": 6,
-        "backoff_base_s": 0.01,
-        "backoff_max_s": 0.2,
-    }
-    cfg.update(overrides)
-    judge = build_http_judge(cfg)
-    assert isinstance(judge, HttpJudge) and isinstance(judge, Judge)
-    return judge
-
-
-def expected(requests):
-    return [[rule_verdict(c.text, r.response) for c in r.rubric.criteria] for r in requests]
-
-
-def small_requests() -> list[JudgeRequest]:
-    rub = Rubric((
-        Criterion('Mentions "potassium"', 5),
-        Criterion('Recommends "surgery"', -3),  # negative: met = the undesirable behaviour occurred
-        Criterion('Advises "hydration"', 2),
-        Criterion('Says "see a doctor"', 1),
-        Criterion('Uses "warm compress"', 2),
-    ))
-    conv = [{"role": "user", "content": "My daughter has leg cramps."}]
-    responses = [
-        "Check potassium, keep up hydration and see a doctor.",
-        "She needs surgery. Use a warm compress.",
-        "Nothing to add.",
-    ]
-    return [JudgeRequest(conv, r, rub, prompt_id=f"p{i}") for i, r in enumerate(responses)]
-
+from rise_nemo.judges.http import JudgeError, JudgeFailureCapExceeded, build_http_judge
+from rise_nemo.judges.rule_server import RuleGraderServer
 
 # --------------------------------------------------------------------------------------------------
 # Correctness in both modes
@@ -300,9 +258,6 @@ def test_injection_cannot_change_verdicts(server, mode, monkeypatch):
 # --------------------------------------------------------------------------------------------------
 # Secrets and configuration
 # --------------------------------------------------------------------------------------------------
-
-SECRET = "sk-test-7f3a9c1e-DO-NOT-LEAK"
-
 
 def test_api_key_never_in_errors_or_logs(monkeypatch, caplog):
     monkeypatch.setenv("RISE_TEST_JUDGE_KEY", SECRET)
