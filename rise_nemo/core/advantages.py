@@ -68,7 +68,8 @@ def reference_advantages(priv_rewards, natural_rewards, natural_valid=None) -> t
     """Eq. 7: A_ref_j = r_priv_j - mean(r_nat), the privileged response's gain over the natural baseline.
 
     priv_rewards: [..., G'] (scored on the complete ORIGINAL rubric); natural_rewards: [..., G].
-    natural_valid: optional bool [..., G] excluding unknown natural rewards from the baseline.
+    natural_valid: optional bool [..., G] excluding unknown natural rewards from the baseline; a group with
+    no valid natural reward gets NaN (never retained).
     No std normalisation: the guide loss weights trajectories by clip(A_ref, 0, A_max) (eq. 11).
     """
     rp = torch.as_tensor(priv_rewards, dtype=torch.float32)
@@ -80,8 +81,9 @@ def reference_advantages(priv_rewards, natural_rewards, natural_valid=None) -> t
     )
     rn = torch.where(v, rn, torch.zeros_like(rn))
     mean, _, count = masked_group_stats(rn, v)
-    if bool((count == 0).any()):
-        raise ValueError("reference_advantages: a group has no valid natural reward to compare against")
+    # A group without any known natural reward has no baseline: A_ref is NaN there, which ``retained``
+    # (A_ref > 0) rejects, so such privileged responses are never trained on.
+    mean = torch.where(count > 0, mean, torch.full_like(mean, float("nan")))
     return rp - mean.unsqueeze(-1)
 
 

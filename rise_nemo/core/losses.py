@@ -176,7 +176,8 @@ def guide_loss(
         per_token = logprobs
     else:
         raise ValueError(f"token_weighting must be 'policy_support' or 'uniform', got {token_weighting!r}")
-    weight = a_ref.detach().to(logprobs.dtype).clamp(0.0, a_max)  # [B], A~_j
+    # [B], A~_j; a NaN A_ref (no natural baseline, see advantages.reference_advantages) weighs 0.
+    weight = torch.nan_to_num(a_ref.detach().to(logprobs.dtype), nan=0.0).clamp(0.0, a_max)
     length = mask.sum(-1).clamp(min=1).to(logprobs.dtype)  # [B], |o_j|
     per_row = torch.where(mask, per_token, torch.zeros_like(per_token)).sum(-1)  # [B]
     per_row = torch.where(rows, weight * per_row / length, torch.zeros_like(per_row))

@@ -56,6 +56,13 @@ def test_reference_advantages_and_retained():
         priv, torch.tensor([0.2, 0.4, 9.9]), natural_valid=torch.tensor([True, True, False])
     )
     assert a2[0].item() == pytest.approx(0.9 - 0.3)
+    # a group with no known natural reward has no baseline: NaN, never retained
+    a3 = reference_advantages(
+        torch.tensor([[0.5, 0.9], [0.5, 0.9]]),
+        torch.tensor([[0.1, 0.2], [0.3, 0.4]]),
+        natural_valid=torch.tensor([[False, False], [True, True]]),
+    )
+    assert torch.isnan(a3[0]).all() and retained(a3).tolist() == [[False, False], [True, True]]
 
 
 def test_privileged_samples_do_not_touch_natural_advantages_but_coupled_does():
