@@ -1,0 +1,113 @@
+"""`sbatch slurm/rise_tiny_cpu.sh` on a real single-node Slurm, running the real `rise-nemo train`.
+
+Covers issue 6's acceptance: a short run's metrics and exit code, `scontrol requeue` mid-run resuming
+from the checkpoint with no step lost or repeated, the time-limit signal (USR1 to the batch shell,
+forwarded to the driver, which checkpoints; the launcher requeues the job) and a failing driver's exit
+code reaching the job.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+# Keep each job short on the 2-core CI machine: no evaluation, small batches.
+FAST = ("eval.every=0", "eval.at_start=false", "grpo.prompts_per_step=4", "grpo.group_size=4",
+        "local.num_threads=1")
+
+
+def submit_tiny(slurm, tmp_path: Path, *overrides: str, env: dict[str, str] | None = None) -> tuple[str, Path]:
+    run_dir = tmp_path / "run"
+    job_id = slurm.sbatch("slurm/rise_tiny_cpu.sh", *FAST, *overrides,
+                          sbatch_args=("-o", str(tmp_path / "slurm-%j.out")),
+                          env={"RISE_RUN_DIR": str(run_dir), "RISE_LOOPBACK": "1", **(env or {})})
+    return job_id, run_dir
+
+
+def metric_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for_steps(slurm, job_id: str, run_dir: Path, n: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(metric_steps(run_dir)) >= n:
+            return
+        job = slurm.job(job_id)
+        assert job is not None and job.state in ("PENDING", "RUNNING", "CONFIGURING"), job
+        time.sleep(0.5)
+    raise AssertionError(f"fewer than {n} steps after {timeout}s: {metric_steps(run_dir)}")
+
+
+def job_logs(tmp_path: Path, run_dir: Path) -> str:
+    files = sorted(tmp_path.glob("slurm-*.out")) + sorted((run_dir / "logs").glob("*.log"))
+    files += [run_dir / "train.log"]
+    return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in files if p.exists())
+
+
+def test_tiny_cpu_job_trains_and_exits_zero(slurm, tmp_path):
+    job_id, run_dir = submit_tiny(slurm, tmp_path, "train.steps=3", "train.checkpoint_every=3")
+    job = slurm.wait(job_id, timeout=180)
+    assert (job.state, job.exit_code) == ("COMPLETED", 0), job_logs(tmp_path, run_dir)
+    assert metric_steps(run_dir) == [1, 2, 3]
+    first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert {"reward/natural_mean", "loss/pg"} <= set(first)
+    assert (run_dir / "checkpoints" / "latest").exists()
+    # One run directory holds the launcher's, the driver's and the trainer's logs.
+    launcher = (run_dir / "logs" / "launcher.log").read_text()
+    assert f"job {job_id} attempt SLURM_RESTART_COUNT=0" in launcher
+    assert "driver exited with code 0" in launcher
+    assert (run_dir / "logs" / "driver.log").exists() and (run_dir / "train.log").exists()
+
+
+def test_scontrol_requeue_resumes_from_checkpoint_without_losing_or_repeating_steps(slurm, tmp_path):
+    steps = 8
+    job_id, run_dir = submit_tiny(slurm, tmp_path, f"train.steps={steps}", "train.checkpoint_every=100")
+    wait_for_steps(slurm, job_id, run_dir, 2)
+    slurm.run("scontrol", "requeue", job_id)
+    job = slurm.wait(job_id, timeout=240, min_restarts=1)
+    logs = job_logs(tmp_path, run_dir)
+    assert (job.state, job.exit_code, job.restarts) == ("COMPLETED", 0, 1), logs
+    assert metric_steps(run_dir) == list(range(1, steps + 1)), logs
+    train_log = (run_dir / "train.log").read_text()
+    # The SIGTERM of the requeue made the trainer write a checkpoint (checkpoint_every is 100), and the
+    # second attempt started from it, not from scratch.
+    assert "received SIGTERM" in train_log, logs
+    resumed = [line for line in train_log.splitlines() if "resumed from" in line]
+    assert len(resumed) == 1 and "SLURM_RESTART_COUNT=1" in resumed[0], logs
+    assert "at step 0 " not in resumed[0], resumed
+    assert "attempt SLURM_RESTART_COUNT=1" in (run_dir / "logs" / "launcher.log").read_text()
+
+
+def test_time_limit_signal_checkpoints_and_the_job_requeues_itself(slurm, tmp_path):
+    """USR1 to the batch shell (what `--signal=B:USR1@<s>` sends before the time limit)."""
+    steps = 8
+    job_id, run_dir = submit_tiny(slurm, tmp_path, f"train.steps={steps}", "train.checkpoint_every=100")
+    wait_for_steps(slurm, job_id, run_dir, 2)
+    slurm.run("scancel", "--signal=USR1", "--batch", job_id)
+    job = slurm.wait(job_id, timeout=240, min_restarts=1)
+    logs = job_logs(tmp_path, run_dir)
+    assert (job.state, job.exit_code, job.restarts) == ("COMPLETED", 0, 1), logs
+    assert metric_steps(run_dir) == list(range(1, steps + 1)), logs
+    launcher = (run_dir / "logs" / "launcher.log").read_text()
+    assert "received USR1" in launcher and f"requeueing job {job_id}" in launcher, logs
+    train_log = (run_dir / "train.log").read_text()
+    assert "received SIGUSR1" in train_log, logs
+    resumed = [line for line in train_log.splitlines() if "resumed from" in line]
+    assert len(resumed) == 1 and "SLURM_RESTART_COUNT=1" in resumed[0] and "at step 0 " not in resumed[0], logs
+
+
+def test_failing_driver_fails_the_job_with_its_exit_code(slurm, tmp_path):
+    job_id, run_dir = submit_tiny(slurm, tmp_path, "train.steps=-1")
+    job = slurm.wait(job_id, timeout=120)
+    logs = job_logs(tmp_path, run_dir)
+    assert (job.state, job.exit_code) == ("FAILED", 2), logs  # rise-nemo train: 2 = bad configuration
+    assert "train.steps" in (run_dir / "logs" / "driver.log").read_text(), logs
