@@ -140,15 +140,17 @@ def test_train_lowers_loss_and_micro_batches_sum(tiny_cfg):
 
     before = mean_nll()
     m = policy.train(data, _nll_loss)
-    assert m["grad_norm"] > 0 and "policy/entropy" in m
+    assert m["grad_norm"] > 0 and m["policy/entropy_exact"] > 0
     assert m["nll"] == pytest.approx(before, abs=1e-4)  # summed globally-normalised micro-batch losses
     for _ in range(4):
         policy.train(data, _nll_loss)
     assert mean_nll() < before - 0.5
 
     # Same update whether the batch is split in micro-batches of 4 or processed as one (global normalisation).
-    p4, _ = build(tiny_cfg)
-    p1, _ = build({**tiny_cfg, "micro_batch_size": 64})
+    # eps = 1 makes AdamW's first step ~ lr * grad (not ~ lr * sign(grad)), so a wrongly scaled gradient shows.
+    exact = {"lr": 1.0, "eps": 1.0, "grad_clip": 0.0}
+    p4, _ = build({**tiny_cfg, **exact})
+    p1, _ = build({**tiny_cfg, **exact, "micro_batch_size": 64})
     p4.train(data, _nll_loss)
     p1.train(data, _nll_loss)
     for a, b in zip(p4.model.parameters(), p1.model.parameters()):
@@ -225,3 +227,37 @@ def test_omegaconf_block_is_accepted(word_tokenizer_dir):
 
     cfg = parse_local_config(OmegaConf.create({"tokenizer": word_tokenizer_dir, "betas": [0.8, 0.9], "tiny": {"num_layers": 1}}))
     assert cfg.betas == (0.8, 0.9) and cfg.tiny["num_layers"] == 1 and cfg.tiny["hidden_size"] == 64
+
+
+def test_core_objective_step_is_micro_batch_invariant(tiny_cfg):
+    """One RISE-RL update (eq. 12, natural + guided rows) through the real core objective: splitting the
+    batch into micro-batches of 3 gives the same summed metrics and the same weights as one pass."""
+    from rise_nemo.core.losses import ObjectiveConfig, rise_objective
+
+    objective = ObjectiveConfig(lambda_guide=0.5)
+    results = []
+    for mbs in (3, 64):
+        # eps = 1 makes AdamW's first step ~ lr * grad (not ~ lr * sign(grad)), so a wrongly scaled gradient shows.
+        policy, gen = build({**tiny_cfg, "micro_batch_size": mbs, "lr": 1.0, "eps": 1.0, "grad_clip": 0.0})
+        rollouts = [r for row in gen.generate(PROMPTS, 3, SamplingParams(max_new_tokens=8, seed=4)) for r in row]
+        data = _batch(rollouts, policy.tokenizer)
+        b = len(rollouts)
+        g = torch.Generator().manual_seed(0)
+        data["kind"] = torch.tensor([i % 3 == 2 for i in range(b)], dtype=torch.long)  # every third row guided
+        data["sample_mask"] = torch.ones(b)
+        data["advantages"] = torch.randn(b, generator=g).abs() * torch.where(data["kind"] == 1, 1.0, 0.0) + torch.randn(
+            b, generator=g
+        ) * (data["kind"] == 0)
+        data["prev_logprobs"] = policy.get_logprobs(data)
+        nat = (data["kind"] == 0).float()
+        data["natural_token_count"] = torch.full((b,), float((data["token_mask"] * nat[:, None]).sum()))
+        data["guided_seq_count"] = torch.full((b,), float((1 - nat).sum()))
+        metrics = policy.train(data, lambda lp, mb: rise_objective(lp, mb, objective))
+        results.append((metrics, [p.detach().clone() for p in policy.model.parameters()]))
+    (m3, w3), (m64, w64) = results
+    assert m3["pg/clip_fraction"] == 0.0  # prev_logprobs are the current policy's: ratio 1
+    for key in ("loss/total", "loss/pg", "loss/guide", "policy/entropy", "policy/entropy_exact"):
+        assert m3[key] == pytest.approx(m64[key], abs=1e-5), key
+    assert m3["loss/guide"] > 0
+    for a, b in zip(w3, w64):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

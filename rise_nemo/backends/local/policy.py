@@ -8,8 +8,9 @@ causal model never lets a real token attend to a later pad, so real positions ar
 to its longest row, runs ``loss_fn(logprobs, micro_batch)`` and back-propagates; since losses are globally
 normalised (interfaces.LossFn), the micro-batch losses and gradients simply add up. Then one clipped AdamW
 step. Returned metrics: the loss_fn metrics summed over micro-batches, ``loss`` (summed loss, unless the
-loss_fn reports its own), ``grad_norm`` (before clipping), and ``policy/entropy`` (mean next-token entropy
-over ``token_mask``, when present and ``local.compute_entropy``).
+loss_fn reports its own), ``grad_norm`` (before clipping), and ``policy/entropy_exact`` (mean full
+next-token entropy over ``token_mask`` on natural, unmasked rows, when ``local.compute_entropy``; the
+loss's own ``policy/entropy`` is a sampled-token estimate and is left untouched).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 from rise_nemo.backends.local.engine import LocalEngine
 from rise_nemo.core.logprobs import token_entropy, token_logprobs
-from rise_nemo.interfaces import LossFn
+from rise_nemo.interfaces import KIND_NATURAL, LossFn
 
 
 def _lengths(data: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -47,6 +48,17 @@ def slice_batch(data: Mapping[str, torch.Tensor], start: int, end: int, width: i
                 value = value[:, :width]
         out[key] = value
     return out
+
+
+def _natural_token_mask(mb: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """token_mask [b, t] restricted to natural, unmasked rows (when ``kind`` / ``sample_mask`` exist)."""
+    tm = mb["token_mask"].float()
+    rows = torch.ones(tm.shape[0], dtype=torch.bool, device=tm.device)
+    if "sample_mask" in mb:
+        rows &= mb["sample_mask"].bool()
+    if "kind" in mb:
+        rows &= mb["kind"] == KIND_NATURAL
+    return tm * rows[:, None]
 
 
 class LocalPolicy:
@@ -120,7 +132,7 @@ class LocalPolicy:
             if self.engine.cfg.compute_entropy and "token_mask" in mb:
                 with torch.no_grad():
                     ent = token_entropy(logits.detach(), self.engine.cfg.logprob_chunk_size)  # [b, t]
-                    tm = mb["token_mask"].float()
+                    tm = _natural_token_mask(mb)
                     ent_sum += float((ent * tm).sum())
                     ent_count += float(tm.sum())
         grad_norm = self._clip_and_step()
@@ -129,7 +141,7 @@ class LocalPolicy:
         metrics.setdefault("loss", total_loss)
         metrics["grad_norm"] = grad_norm
         if ent_count > 0:
-            metrics["policy/entropy"] = ent_sum / ent_count
+            metrics["policy/entropy_exact"] = ent_sum / ent_count
         return metrics
 
     def _clip_and_step(self) -> float:
