@@ -23,6 +23,11 @@ prompts (the natural behaviour) and hinted prompts built with ``core.prompts.bui
 exactly as training builds them, with feedback sets that mimic eq. 5 (persistent criteria first).
 It is cached on disk, keyed by a hash of the task, the model fingerprint and the warm-start config.
 
+Lengths (tokens of the ``builtin:persistent_task`` tokenizer): prompts 12-16, privileged prompts up to
+~70; natural responses 20-42 (median 24, EOS included), hinted ones up to MAX_RESPONSE_TOKENS = 64.
+Sample with ``max_new_tokens >= MAX_RESPONSE_TOKENS``: a shorter limit cuts off exactly the persistent
+phrases (they come after the opener and tips), so neither natural discovery nor hints can pay off.
+
 Usage::
 
     task = make_persistent_task(seed=0)
@@ -140,6 +145,9 @@ BASE_WEIGHTS = {"topic": 2.0, "audience": 1.0, "min_words": 1.0, "max_words": 1.
 PERSISTENT_WEIGHT = 3.0
 NEGATIVE_WEIGHT = -2.0
 MIN_WORDS, MAX_WORDS = 12, 60
+# Longest hinted target (both persistent phrases + "guaranteed"), EOS included, checked by tests/task;
+# use as max_new_tokens. (All six pool phrases at once would take 82, at odds of ~1e-7 per response.)
+MAX_RESPONSE_TOKENS = 64
 
 
 # ---- the task -----------------------------------------------------------------------------------
@@ -338,7 +346,7 @@ class WarmStartConfig:
     natural_negative_rate: float = 0.03  # "guaranteed" in unhinted targets
     hinted_negative_rate: float = 0.25  # "guaranteed" in hinted targets whose hint does not forbid it
     eval_samples: int = 8  # samples per prompt when measuring the rates
-    eval_max_new_tokens: int = 64
+    eval_max_new_tokens: int = MAX_RESPONSE_TOKENS
     seed: int = 0
 
     @classmethod

@@ -13,6 +13,7 @@ from rise_nemo.core.prompts import GUIDANCE_TEMPLATES, build_ruscarl_prompt
 from rise_nemo.core.rewards import rubric_reward
 from rise_nemo.data.persistent_task import (
     AUDIENCES,
+    MAX_RESPONSE_TOKENS,
     QUESTION_TEMPLATES,
     TOPICS,
     WarmStartConfig,
@@ -71,6 +72,8 @@ def test_vocabulary_covers_prompts_hints_scaffolds_and_responses():
             ex = make_example(task, p, hinted, rng, cfg)
             assert tok.unk_token_id not in tok.apply_chat_template(ex.messages, tokenize=True)["input_ids"], ex.messages
             assert tok.unk_token_id not in tok.encode(ex.response), ex.response
+        typical = make_example(task, p, True, random.Random(0), WarmStartConfig(unprompted_rate=0.0, hinted_negative_rate=1.0))
+        assert len(tok.encode(typical.response)) + 1 <= MAX_RESPONSE_TOKENS  # hinted pair + "guaranteed"
         scaffold = build_ruscarl_prompt(p.messages, p.rubric.criteria, rng)
         assert tok.unk_token_id not in tok.apply_chat_template(scaffold, tokenize=True)["input_ids"]
 
