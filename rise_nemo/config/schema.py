@@ -92,7 +92,9 @@ class DataCfg:
     max_train_prompts: int | None = None
     max_eval_prompts: int | None = None
     shuffle: bool = True
-    task: dict[str, Any] = field(default_factory=dict)
+    task: dict[str, Any] = field(default_factory=dict)  # make_persistent_task(**task): seed, train_per_topic, ...
+    warm_start: dict[str, Any] = field(default_factory=dict)  # persistent_task.WarmStartConfig keys
+    warm_start_cache: str | None = ".cache/warm_start"  # cached warm-started weights; null = never cache
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 ``data.source``:
   persistent  the generated persistent-criteria task (rise_nemo.data.persistent_task), parameters in
-              ``data.task``
+              ``data.task``; a fresh run first warm-starts the policy (``data.warm_start``, cached)
   jsonl       rubric files (``data.train_path`` / ``data.eval_path``, JSONL or parquet) in any format
               rise_nemo.data.loaders reads (healthbench, rubrichub, rar, rise; ``data.format``)
 """
@@ -18,12 +18,35 @@ from rise_nemo.core.rubric import RubricPrompt
 from rise_nemo.data.loaders import load_rubric_prompts
 
 
+def persistent_task(cfg: Any):
+    """The generated persistent-criteria task of ``data.task`` (seeded, deterministic)."""
+    from rise_nemo.data.persistent_task import make_persistent_task
+
+    return make_persistent_task(**_plain(cfg.data.task))
+
+
+def warm_start_policy(cfg: Any, policy: Any, generator: Any, progress: bool = True) -> Any:
+    """Supervised warm start of a fresh local policy on the persistent task (cached on disk), so RL starts
+    from a model that answers and follows hints. No-op for other data sources. Returns the stats or None."""
+    if cfg.data.source != "persistent":
+        return None
+    from rise_nemo.data.persistent_task import warm_start
+
+    return warm_start(policy, generator, persistent_task(cfg), _plain(cfg.data.warm_start),
+                      cache_dir=cfg.data.warm_start_cache, progress=progress)
+
+
+def _plain(node: Any) -> dict[str, Any]:
+    from omegaconf import DictConfig, OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+
+
 def load_prompts(cfg: Any) -> tuple[list[RubricPrompt], list[RubricPrompt]]:
     """(train prompts, held-out eval prompts) for the recipe, truncated to ``data.max_*_prompts``."""
     if cfg.data.source == "persistent":
-        from rise_nemo.data import persistent_task
-
-        train, held_out = persistent_task.load_task_prompts(cfg)
+        task = persistent_task(cfg)
+        train, held_out = list(task.train), list(task.heldout)
     elif cfg.data.source == "jsonl":
         if not cfg.data.train_path:
             raise ValueError("config key 'data.train_path' is required when data.source is jsonl")

@@ -1,0 +1,91 @@
+"""`rise-nemo eval`: guidance-free evaluation of a checkpoint (or of the recipe's initial model).
+
+    rise-nemo eval RUN_DIR                      # latest checkpoint, config from RUN_DIR/config.yaml
+    rise-nemo eval RUN_DIR --checkpoint step_000010 eval.samples_per_prompt=16
+    rise-nemo eval --config recipes/x.yaml      # the initial policy of a recipe
+
+Writes ``<run dir>/eval/step_XXXXXX.json`` (or ``--out``) and prints the summary and coverage table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "Guidance-free evaluation on held-out prompts: mean reward, persistent coverage, negative rate"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", nargs="?", default=None, help="run directory (uses its config.yaml)")
+    parser.add_argument("--config", default=None, help="recipe YAML (default: RUN_DIR/config.yaml)")
+    parser.add_argument("--checkpoint", default=None, help="checkpoint dir or name (default: latest)")
+    parser.add_argument("--out", default=None, help="JSON output path (default: RUN_DIR/eval/step_N.json)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rise_nemo.commands.train import setup_logging
+    from rise_nemo.config import ConfigError, load_config
+
+    setup_logging()
+    if args.run_dir is None and args.config is None:
+        print("rise-nemo eval: give a RUN_DIR or --config", file=sys.stderr)
+        return 2
+    run_dir = Path(args.run_dir) if args.run_dir else None
+    config = args.config or str(run_dir / "config.yaml")
+    try:
+        cfg = load_config(config, args.overrides)
+    except ConfigError as exc:
+        print(f"rise-nemo eval: {exc}", file=sys.stderr)
+        return 2
+
+    from rise_nemo.backends import build_backend
+    from rise_nemo.judges import build_judge
+    from rise_nemo.orchestration import checkpoint as ckpt
+    from rise_nemo.orchestration.data import load_prompts
+    from rise_nemo.orchestration.evaluate import evaluate
+
+    _, eval_prompts = load_prompts(cfg)
+    if not eval_prompts:
+        print("rise-nemo eval: the recipe has no held-out prompts", file=sys.stderr)
+        return 2
+    policy, generator = build_backend(cfg)
+    step = 0
+    if run_dir is not None:
+        path = Path(args.checkpoint) if args.checkpoint else ckpt.latest_checkpoint(run_dir)
+        if path is not None and not path.is_absolute() and not path.exists():
+            path = run_dir / ckpt.CHECKPOINTS / path
+        if path is None:
+            print(f"rise-nemo eval: {run_dir} has no complete checkpoint; evaluating the initial policy",
+                  file=sys.stderr)
+        else:
+            step = int(ckpt.load_checkpoint(path, policy)["step"])
+    result = evaluate(cfg, generator, build_judge(cfg.judge), eval_prompts, step)
+    out = Path(args.out) if args.out else (run_dir / "eval" / f"step_{step:06d}.json" if run_dir else None)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1))
+    print(format_eval(result))
+    if out is not None:
+        print(f"written: {out}")
+    return 0
+
+
+def format_eval(result: dict) -> str:
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    lines = [
+        f"step {result['step']}: mean reward {result['reward_mean']:.4f} over {result['num_responses']} responses "
+        f"({result['num_prompts']} prompts, {result['unknown_excluded']} unknown excluded)",
+        f"persistent coverage {pct(result['persistent_coverage'])}, negative rate {pct(result['negative_rate'])}",
+        "",
+        f"{'criterion':<60} {'flags':<5} {'satisfied/total':>16} {'coverage':>9}",
+    ]
+    for row in result["criteria"]:
+        flags = ("P" if row["persistent"] else "") + ("N" if row["negative"] else "")
+        lines.append(f"{row['criterion'][:60]:<60} {flags:<5} {row['satisfied']:>7}/{row['total']:<8} "
+                     f"{pct(row['coverage']):>9}")
+    return "\n".join(lines)
