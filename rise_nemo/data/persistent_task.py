@@ -457,7 +457,7 @@ def warm_start(policy, generator, task: PersistentTask, cfg: Mapping | WarmStart
     policy.reset_optimizer(lr=wcfg.lr)
     entropy_flag, policy.engine.cfg.compute_entropy = policy.engine.cfg.compute_entropy, False  # not needed here
     t0 = time.perf_counter()
-    bar = tqdm(range(wcfg.steps), desc="warm start", disable=not progress)
+    bar = tqdm(range(wcfg.steps), desc="warm start", disable=not progress, mininterval=1.0)
     loss = float("nan")
     try:
         for _ in bar:
