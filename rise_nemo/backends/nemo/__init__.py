@@ -1,0 +1,130 @@
+"""The ``nemo`` backend: rise_nemo's Policy and Generator on NVIDIA NeMo-RL (Megatron policy, vLLM rollouts).
+
+Coded against NeMo-RL tag v0.7.0, commit 81aa43dda4765b0429cf31dab44441e4e4383911 (GitHub NVIDIA-NeMo/RL,
+2026-07-29): ``nemo_rl.algorithms.grpo.setup`` / ``refit_policy_generation``, ``Policy.get_logprobs`` /
+``get_reference_policy_logprobs`` / ``train(data, loss_fn, gbs=, mbs=)`` / ``save_checkpoint``,
+``VllmGeneration.generate`` (``GenerationOutputSpec``), ``LossFunction`` (called as
+``loss_fn(data=, global_valid_seqs=, global_valid_toks=, next_token_logprobs=)``), ``EnvironmentInterface``
+with ``register_env`` + ``ACTOR_ENVIRONMENT_REGISTRY``, and ``nemo_rl.algorithms.distillation``.
+
+Modules (NeMo-RL is imported lazily, inside functions, except in ``env_actor``):
+  config       the recipe's ``nemo:`` block: validation and NeMo-RL's master config
+  batch        driver-side batch plumbing on plain tensors (counts, padding, generation I/O)
+  loss         ``RiseLossFunction``: the core objective as a NeMo-RL LossFunction (picklable)
+  runtime      ``NemoPolicy`` / ``NemoGenerator`` / ``NemoSession`` on NeMo-RL's objects
+  environment  rubric scoring for NeMo-RL's rollout loops; ``env_actor`` its Ray actor
+  distill      the on-policy distillation baseline on NeMo-RL's distillation path
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from rise_nemo.backends.nemo.config import (
+    NemoConfigError,
+    algorithm,
+    build_master_config,
+    validate_nemo_block,
+)
+
+NEMO_RL_COMMIT = "81aa43dda4765b0429cf31dab44441e4e4383911"  # tag v0.7.0
+
+
+def plain_recipe(cfg: Any) -> dict[str, Any]:
+    """A validated recipe (OmegaConf DictConfig or dict) as plain, resolved dicts."""
+    if isinstance(cfg, Mapping) and not hasattr(cfg, "_metadata"):
+        return dict(cfg)
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def run_dir_of(recipe: Mapping[str, Any]) -> str:
+    run = recipe.get("run") or {}
+    return str(run.get("dir") or Path("runs") / str(run.get("name", "run")))
+
+
+def check_recipe(recipe: Mapping[str, Any]) -> None:
+    """Everything that can be checked without NeMo-RL: the block itself and `rise-nemo plan`'s checks."""
+    from rise_nemo.planner import format_report, plan_recipe
+
+    validate_nemo_block(recipe)
+    report = plan_recipe(recipe)
+    if not report.ok:
+        raise NemoConfigError("recipe cannot run as laid out:\n" + format_report(report))
+
+
+def encode_chat(tokenizer: Any, messages: list[dict], chat_template_kwargs: Mapping[str, Any]) -> list[int]:
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
+                                         **dict(chat_template_kwargs))
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _policy_with_resume(policy_cls: Any, resume_dir: Path | None, **kwargs: Any) -> Any:
+    """``policy_factory`` for grpo.setup(): NeMo-RL loads weights/optimizer only when the Policy is built,
+    so resuming from rise_nemo's own checkpoint (runs/<name>/checkpoints/step_N/policy) happens here."""
+    if resume_dir is not None:
+        kwargs["weights_path"] = str(resume_dir / "weights")
+        optimizer = resume_dir / "optimizer"
+        kwargs["optimizer_path"] = str(optimizer) if optimizer.exists() else None
+    return policy_cls(**kwargs)
+
+
+def build(cfg: Any):
+    """``(NemoPolicy, NemoGenerator)`` for a validated recipe with ``backend: nemo`` (needs NeMo-RL)."""
+    recipe = plain_recipe(cfg)
+    check_recipe(recipe)
+    if algorithm(recipe) != "grpo":
+        raise NemoConfigError(
+            "recipe key nemo.algorithm is 'distillation': run it with "
+            "`python -m rise_nemo.backends.nemo.distill --config RECIPE`, not `rise-nemo train`"
+        )
+    try:
+        from nemo_rl.algorithms import grpo
+    except ImportError as exc:
+        raise ImportError(
+            "backend: nemo needs NeMo-RL (run inside the NeMo-RL container, or put a NeMo-RL v0.7 checkout "
+            "on PYTHONPATH); `rise-nemo plan` checks a recipe without it"
+        ) from exc
+    from nemo_rl.algorithms.utils import get_tokenizer
+    from nemo_rl.distributed.virtual_cluster import init_ray
+    from nemo_rl.models.generation import configure_generation_config
+    from nemo_rl.models.policy.lm_policy import Policy
+
+    from rise_nemo.backends.nemo.environment import rubric_datum
+    from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession
+    from rise_nemo.orchestration.checkpoint import latest_checkpoint
+    from rise_nemo.orchestration.data import load_prompts
+
+    run_dir = run_dir_of(recipe)
+    master = grpo.MasterConfig(**build_master_config(recipe, run_dir))
+    init_ray()
+    tokenizer = get_tokenizer(master.policy["tokenizer"])
+    master.policy["generation"] = configure_generation_config(master.policy["generation"], tokenizer)
+    chat_kwargs = master.policy["tokenizer"].get("chat_template_kwargs") or {}
+    # grpo.setup() builds a dataloader; rise_nemo samples its own prompts, but giving setup the real
+    # training set keeps NeMo-RL's bookkeeping (sizes, logs) truthful.
+    train_prompts, _ = load_prompts(cfg)
+    dataset = [rubric_datum(p, partial(encode_chat, tokenizer, chat_template_kwargs=chat_kwargs), i)
+               for i, p in enumerate(train_prompts)]
+    latest = latest_checkpoint(run_dir)
+    resume = latest / "policy" if latest is not None and (latest / "policy" / "weights").exists() else None
+    out = grpo.setup(master, tokenizer, dataset, None, policy_factory=partial(_policy_with_resume, Policy, resume))
+    policy, generation, master = out[0], out[1], out[10]
+    session = NemoSession(policy, generation, tokenizer, {"policy": master.policy}, refit=grpo.refit_policy_generation)
+    session.resumed_from = resume
+    behaviour = (recipe["nemo"].get("adapter") or {}).get("importance_sampling", "none") == "behaviour_ratio"
+    return NemoPolicy(session, behaviour_ratio=behaviour), NemoGenerator(session)
+
+
+def register_rubric_environment(name: str = "rubric") -> str:
+    """Make the rubric judge available to NeMo-RL's own loops as environment ``name`` (needs NeMo-RL)."""
+    from rise_nemo.backends.nemo.env_actor import register
+
+    return register(name)
+
+
+__all__ = ["NEMO_RL_COMMIT", "NemoConfigError", "build", "check_recipe", "register_rubric_environment"]

@@ -1,0 +1,170 @@
+"""The recipe's ``nemo:`` block: validation, and the NeMo-RL master config built from it.
+
+The block is NeMo-RL's own config tree (``policy``, ``cluster``, ``loss_fn``, ``grpo`` / ``distillation``,
+``teacher``, ``logger``, ``checkpointing``, ...) plus three keys of ours, removed before NeMo-RL sees it:
+
+- ``base``: a NeMo-RL example config (a path, or a name under ``$NEMO_RL_DIR/examples/configs``) that
+  supplies every key the recipe does not set;
+- ``adapter``: ``importance_sampling`` (``none`` | ``behaviour_ratio``), ``nemo_rl_dir``;
+- ``plan``: node count and judge placement for ``rise-nemo plan``;
+- ``algorithm``: ``grpo`` (the rise_nemo loop on NeMo-RL's pieces, default) or ``distillation``.
+
+Settings that live in rise_nemo's own blocks are written into the NeMo-RL tree here and must not be
+repeated under ``nemo:`` (two places for one value drift apart): see ``DERIVED``.
+No NeMo-RL import: ``validate_nemo_block`` runs in CPU tests and in ``rise-nemo plan``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rise_nemo.planner.layout import RecipeKeyError, get
+
+OUR_KEYS = ("base", "adapter", "plan", "algorithm")
+ALGORITHMS = ("grpo", "distillation")
+IS_MODES = ("none", "behaviour_ratio")
+DEFAULT_NEMO_RL_DIR = "/opt/nemo-rl"  # where the NeMo-RL container keeps its checkout
+
+# NeMo-RL key (under nemo:) -> the rise_nemo key it is derived from.
+DERIVED: dict[str, str] = {
+    "policy.generation.temperature": "grpo.temperature",
+    "policy.generation.top_p": "grpo.top_p",
+    "policy.generation.max_new_tokens": "grpo.max_new_tokens",
+    "grpo.num_prompts_per_step": "grpo.prompts_per_step",
+    "grpo.num_generations_per_prompt": "grpo.group_size",
+    "grpo.seed": "run.seed",
+    "grpo.max_num_steps": "train.steps",
+    "loss_fn.reference_policy_kl_penalty": "grpo.kl_coef",
+    "grpo.skip_reference_policy_logprobs_calculation": "grpo.kl_coef",
+}
+
+
+class NemoConfigError(ValueError):
+    """A bad ``nemo:`` block; the message names the dotted recipe key."""
+
+
+def _has(tree: Mapping[str, Any], dotted: str) -> bool:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _set(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def algorithm(recipe: Mapping[str, Any]) -> str:
+    return str(get(recipe, "nemo.algorithm", "grpo"))
+
+
+def validate_nemo_block(recipe: Mapping[str, Any]) -> None:
+    """Checks that need no NeMo-RL: our keys, derived keys not duplicated, features the backend lacks.
+
+    The parallel layout and memory are checked by ``rise_nemo.planner.plan_recipe`` (called by build()).
+    """
+    nemo = recipe.get("nemo")
+    if not isinstance(nemo, Mapping) or not nemo:
+        raise NemoConfigError("recipe key nemo: missing or empty; backend: nemo needs NeMo-RL's config tree there")
+    algo = algorithm(recipe)
+    if algo not in ALGORITHMS:
+        raise NemoConfigError(f"recipe key nemo.algorithm: {algo!r} is not one of {ALGORITHMS}")
+    if not isinstance(nemo.get("base", ""), str):
+        raise NemoConfigError("recipe key nemo.base must be the name or path of a NeMo-RL example config")
+    mode = get(recipe, "nemo.adapter.importance_sampling", "none")
+    if mode not in IS_MODES:
+        raise NemoConfigError(f"recipe key nemo.adapter.importance_sampling: {mode!r} is not one of {IS_MODES}")
+    for key, ours in DERIVED.items():
+        if _has(nemo, key):
+            raise NemoConfigError(f"recipe key nemo.{key} is set from {ours}; set it there, not under nemo:")
+    try:
+        for key in ("nemo.policy.model_name", "nemo.cluster.num_nodes", "nemo.cluster.gpus_per_node",
+                    "nemo.policy.max_total_sequence_length", "nemo.policy.train_micro_batch_size"):
+            get(recipe, key)
+    except RecipeKeyError as exc:
+        raise NemoConfigError(str(exc)) from exc
+    if algo == "grpo" and get(recipe, "nemo.policy.generation.backend", "vllm") != "vllm":
+        raise NemoConfigError("recipe key nemo.policy.generation.backend: the nemo backend generates with vllm only")
+    if algo == "distillation" and get(recipe, "nemo.teacher", None) is None:
+        raise NemoConfigError("recipe key nemo.teacher is missing (distillation needs a teacher policy)")
+
+
+def derived_values(recipe: Mapping[str, Any], run_dir: str) -> dict[str, Any]:
+    """NeMo-RL keys written from rise_nemo's blocks (dotted key -> value)."""
+    kl = float(get(recipe, "grpo.kl_coef", 0.0))
+    out = {
+        "policy.generation.temperature": float(get(recipe, "grpo.temperature", 1.0)),
+        "policy.generation.top_p": float(get(recipe, "grpo.top_p", 1.0)),
+        "policy.generation.max_new_tokens": int(get(recipe, "grpo.max_new_tokens")),
+        "logger.log_dir": str(Path(run_dir) / "nemo_rl_logs"),
+        # rise_nemo checkpoints into <run>/checkpoints itself; NeMo-RL's manager must not find them.
+        "checkpointing.checkpoint_dir": str(Path(run_dir) / "nemo_rl_checkpoints"),
+    }
+    if algorithm(recipe) == "grpo":
+        out.update({
+            "grpo.num_prompts_per_step": int(get(recipe, "grpo.prompts_per_step")),
+            "grpo.num_generations_per_prompt": int(get(recipe, "grpo.group_size")),
+            "grpo.seed": int(get(recipe, "run.seed", 0)),
+            "grpo.max_num_steps": int(get(recipe, "train.steps")),
+            "loss_fn.reference_policy_kl_penalty": kl,
+            "grpo.skip_reference_policy_logprobs_calculation": kl == 0.0,
+        })
+    else:
+        out.update({
+            "distillation.seed": int(get(recipe, "run.seed", 0)),
+            "distillation.max_num_steps": int(get(recipe, "train.steps")),
+        })
+    return out
+
+
+def nemo_rl_dir(recipe: Mapping[str, Any]) -> Path:
+    return Path(str(get(recipe, "nemo.adapter.nemo_rl_dir", None) or os.environ.get("NEMO_RL_DIR")
+                    or DEFAULT_NEMO_RL_DIR))
+
+
+def base_config_path(recipe: Mapping[str, Any]) -> Path | None:
+    base = get(recipe, "nemo.base", None)
+    if not base:
+        return None
+    p = Path(base)
+    if not p.is_absolute() and not p.exists():
+        p = nemo_rl_dir(recipe) / "examples" / "configs" / base
+    if not p.exists():
+        raise NemoConfigError(
+            f"recipe key nemo.base: {base!r} not found (looked in {p.parent}; set NEMO_RL_DIR or nemo.adapter.nemo_rl_dir)"
+        )
+    return p
+
+
+def nemo_overrides(recipe: Mapping[str, Any], run_dir: str) -> dict[str, Any]:
+    """The recipe's NeMo-RL tree without our keys, with the derived values written in."""
+    tree = {k: copy.deepcopy(v) for k, v in recipe["nemo"].items() if k not in OUR_KEYS}
+    for key, value in derived_values(recipe, run_dir).items():
+        _set(tree, key, value)
+    return tree
+
+
+def build_master_config(recipe: Mapping[str, Any], run_dir: str) -> dict[str, Any]:
+    """NeMo-RL's master config as a plain dict: base example config <- recipe's nemo tree <- derived values.
+
+    Uses NeMo-RL's own loader (``defaults:`` inheritance, its ``${mul:...}`` resolvers), so it imports
+    nemo_rl; call it only where NeMo-RL is installed.
+    """
+    from nemo_rl.utils.config import load_config, register_omegaconf_resolvers
+    from omegaconf import OmegaConf
+
+    register_omegaconf_resolvers()  # ${mul:a,b} etc. in NeMo-RL's example configs
+    base_path = base_config_path(recipe)
+    base = load_config(base_path) if base_path is not None else OmegaConf.create({})
+    merged = OmegaConf.merge(base, OmegaConf.create(nemo_overrides(recipe, run_dir)))
+    return OmegaConf.to_container(merged, resolve=True)

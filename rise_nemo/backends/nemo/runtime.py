@@ -1,0 +1,241 @@
+"""``interfaces.Policy`` and ``interfaces.Generator`` on NeMo-RL's Megatron ``Policy`` and vLLM generation.
+
+One step of the orchestration (rise_nemo.orchestration.step) calls, in order:
+  generator.generate(natural prompts)      -> opens the generation window (refit weights into vLLM once)
+  generator.generate(privileged prompts)   -> same window, same engine: no second refit or wake-up
+  policy.get_logprobs(batch)               -> closes the window (vLLM sleeps), Megatron forward
+  policy.train(batch, loss_fn)             -> ONE NeMo-RL train call for natural + guided rows
+which is the order of NeMo-RL's own grpo_train (refit_policy_generation, generate, finish_generation,
+prepare_for_lp_inference, get_logprobs, prepare_for_training, train), with two generate calls in one
+window. ``NemoSession`` holds the shared state (which phase the GPUs are in, whether vLLM holds stale
+weights). NeMo-RL objects are passed in; nothing here imports nemo_rl at module import time except
+``BatchedDataDict``, imported lazily where a NeMo-RL call needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rise_nemo.backends.nemo.batch import (
+    BatchError,
+    check_train_batch,
+    generation_input,
+    pad_train_batch,
+    rollouts_from_generation,
+    sum_microbatch_metrics,
+    to_nemo_train_batch,
+)
+from rise_nemo.backends.nemo.loss import RiseLossFunction
+from rise_nemo.interfaces import KIND_NATURAL, LossFn, Rollout, SamplingParams
+
+log = logging.getLogger("rise_nemo.backends.nemo")
+
+
+def _batched(data: Mapping[str, Any]):
+    """NeMo-RL's workers require its BatchedDataDict (a UserDict with sharding helpers)."""
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    return BatchedDataDict(dict(data))
+
+
+class NemoSession:
+    """Phase bookkeeping shared by NemoPolicy and NemoGenerator (one per run)."""
+
+    def __init__(
+        self,
+        policy: Any,
+        generation: Any,
+        tokenizer: Any,
+        master_config: Mapping[str, Any],
+        refit: Callable[..., None],
+        to_batched: Callable[[Mapping[str, Any]], Any] = _batched,
+    ):
+        self.policy = policy  # nemo_rl.models.policy.lm_policy.Policy (Megatron)
+        self.generation = generation  # nemo_rl.models.generation.vllm.VllmGeneration
+        self.tokenizer = tokenizer
+        self.config = master_config
+        self.colocated = bool(master_config["policy"]["generation"]["colocated"]["enabled"])
+        self.refit = refit  # nemo_rl.algorithms.grpo.refit_policy_generation
+        self.to_batched = to_batched
+        self.stale = True  # vLLM holds weights older than the policy's
+        self.generating = False
+        self.refits = 0
+        self.resumed_from: Path | None = None  # checkpoint the policy was built from (set by build())
+
+    def open_generation(self) -> None:
+        if self.generating:
+            return
+        if self.stale:
+            self.refit(self.policy, self.generation, self.colocated,
+                       _refit_buffer_size_gb=self.config["policy"].get("refit_buffer_size_gb"))
+            self.refits += 1
+            self.stale = False
+        else:
+            if self.colocated:
+                self.policy.offload_after_refit()  # move the optimizer off the GPUs before vLLM wakes
+            self.generation.prepare_for_generation()
+        self.generating = True
+
+    def close_generation(self) -> None:
+        if self.generating:
+            self.generation.finish_generation()
+            self.generating = False
+
+
+class NemoGenerator:
+    """``interfaces.Generator``: chat prompts -> n vLLM samples each, with the sampler's log-probs."""
+
+    def __init__(self, session: NemoSession):
+        self.session = session
+        gen = session.config["policy"]["generation"]
+        self.temperature = float(gen["temperature"])
+        self.top_p = float(gen["top_p"])
+        self.max_new_tokens = int(gen["max_new_tokens"])
+        self.chat_template_kwargs = dict(session.config["policy"].get("tokenizer", {}).get("chat_template_kwargs") or {})
+        self.pad_id = int(session.tokenizer.pad_token_id)
+        stop = gen.get("stop_token_ids") or [session.tokenizer.eos_token_id]
+        self.eos_ids = [int(t) for t in stop if t is not None]
+
+    def encode_prompt(self, messages: list[dict]) -> list[int]:
+        text = self.session.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+        )
+        return list(self.session.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _check_params(self, params: SamplingParams) -> bool:
+        """vLLM's sampling settings are fixed when NeMo-RL builds the engine; returns greedy."""
+        if params.temperature == 0:
+            return True
+        for name, want, got in (("temperature", self.temperature, params.temperature),
+                                ("top_p", self.top_p, params.top_p),
+                                ("max_new_tokens", self.max_new_tokens, params.max_new_tokens)):
+            if abs(float(want) - float(got)) > 1e-9:
+                raise ValueError(
+                    f"nemo backend: {name}={got} requested, but vLLM was built with {name}={want} "
+                    f"(grpo.{name}); evaluation and training must sample with the same settings"
+                )
+        return False
+
+    def generate(self, prompts: Sequence[list[dict]], n: int, params: SamplingParams) -> list[list[Rollout]]:
+        greedy = self._check_params(params)
+        prompt_ids = [self.encode_prompt(p) for p in prompts]
+        data = generation_input(prompt_ids, n, self.pad_id)  # input_ids [P*n, L], input_lengths [P*n]
+        self.session.open_generation()
+        output = self.session.generation.generate(self.session.to_batched(data), greedy=greedy)
+        return rollouts_from_generation(
+            output, prompts, prompt_ids, n,
+            decode=lambda ids: self.session.tokenizer.decode(ids, skip_special_tokens=True),
+            eos_token_ids=self.eos_ids,
+        )
+
+
+def _kl_coef(loss_fn: LossFn) -> float:
+    """The KL coefficient of the orchestration's objective (a partial of core.losses.rise_objective)."""
+    cfg = getattr(loss_fn, "keywords", {}).get("cfg")
+    return float(getattr(cfg, "kl_coef", 0.0) or 0.0)
+
+
+class NemoPolicy:
+    """``interfaces.Policy`` on NeMo-RL's Megatron Policy; one ``Policy.train`` call per step."""
+
+    def __init__(self, session: NemoSession, behaviour_ratio: bool):
+        self.session = session
+        pcfg = session.config["policy"]
+        self.behaviour_ratio = behaviour_ratio
+        self.micro_batch = int(pcfg["train_micro_batch_size"])
+        self.logprob_batch = int(pcfg.get("logprob_batch_size") or self.micro_batch)
+        self.seq_multiple = int(pcfg.get("make_sequence_length_divisible_by") or 1)
+        self.pad_id = int(session.tokenizer.pad_token_id)
+
+    @property
+    def dp_size(self) -> int:
+        return int(self.session.policy.sharding_annotations.get_axis_size("data_parallel"))
+
+    def _logprob_input(self, data: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int, int]:
+        b, t = data["input_ids"].shape
+        keys = {k: data[k] for k in ("input_ids", "input_lengths", "token_mask", "sample_mask") if k in data}
+        keys.setdefault("token_mask", torch.zeros(b, t))
+        keys.setdefault("sample_mask", torch.ones(b))
+        padded, _ = pad_train_batch(keys, self.dp_size * self.logprob_batch, self.seq_multiple, self.pad_id)
+        return padded, b, t
+
+    def get_logprobs(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        self.session.close_generation()
+        self.session.policy.prepare_for_lp_inference()
+        padded, b, t = self._logprob_input(data)
+        out = self.session.policy.get_logprobs(self.session.to_batched(padded))["logprobs"]
+        return out[:b, :t].float().cpu()  # [B, T], column 0 = 0 (NeMo-RL's convention = ours)
+
+    def reference_logprobs(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        padded, b, t = self._logprob_input(data)
+        out = self.session.policy.get_reference_policy_logprobs(self.session.to_batched(padded))
+        return out["reference_logprobs"][:b, :t].float().cpu()
+
+    def train(self, data: Mapping[str, torch.Tensor], loss_fn: LossFn) -> dict[str, float]:
+        self.session.close_generation()
+        check_train_batch(data)
+        batch = dict(data)
+        if _kl_coef(loss_fn) > 0 and "reference_policy_logprobs" not in batch:
+            self.session.policy.prepare_for_lp_inference()
+            batch["reference_policy_logprobs"] = self.reference_logprobs(batch)
+        train_data, rows = to_nemo_train_batch(
+            batch, self.dp_size, self.micro_batch, self.seq_multiple, self.pad_id, self.behaviour_ratio
+        )
+        gbs = train_data["input_ids"].shape[0]  # the whole step is ONE global batch: one optimiser step
+        self.session.policy.prepare_for_training()
+        self.session.stale = True
+        result = self.session.policy.train(
+            self.session.to_batched(train_data), RiseLossFunction(loss_fn), gbs=gbs, mbs=self.micro_batch
+        )
+        metrics = sum_microbatch_metrics(result.get("all_mb_metrics", {}))
+        metrics["policy/grad_norm"] = float(result["grad_norm"])
+        metrics["nemo/train_rows"] = float(rows)
+        metrics["nemo/padded_rows"] = float(gbs - rows)
+        gap = natural_sampling_error(batch)
+        if gap is not None:
+            metrics["nemo/sampler_logprob_abs_err"] = gap
+        return metrics
+
+    # -- checkpoints: NeMo-RL writes sharded Megatron weights + optimizer; orchestration calls these hooks
+    def save_checkpoint(self, path: str | Path) -> None:
+        path = Path(path)
+        self.session.close_generation()
+        self.session.policy.save_checkpoint(
+            weights_path=str(path / "weights"), optimizer_path=str(path / "optimizer"),
+            tokenizer_path=str(path / "tokenizer"),
+        )
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """NeMo-RL loads weights and optimizer when the Policy is built; build() points it at the run's
+        latest checkpoint. This hook only verifies that the orchestration resumes from that same one."""
+        loaded = getattr(self.session, "resumed_from", None)
+        if loaded is None or Path(loaded).resolve() != Path(path).resolve():
+            raise RuntimeError(
+                f"nemo backend: asked to resume from {path}, but the policy was built from {loaded or 'scratch'}; "
+                "NeMo-RL loads checkpoints only when the policy is created (restart the run to resume)"
+            )
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError("nemo backend checkpoints through save_checkpoint(dir) (sharded Megatron state)")
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError("nemo backend resumes through load_checkpoint(dir)")
+
+
+def natural_sampling_error(batch: Mapping[str, torch.Tensor]) -> float | None:
+    """Mean |generation_logprobs - prev_logprobs| over natural response tokens (sampler/trainer gap), a
+    cheap diagnostic for FP8 rollouts; None when the batch has no natural token."""
+    if "generation_logprobs" not in batch or "prev_logprobs" not in batch:
+        return None
+    mask = batch["token_mask"].bool() & (batch["kind"] == KIND_NATURAL)[:, None]
+    if not bool(mask.any()):
+        return None
+    return float((batch["generation_logprobs"] - batch["prev_logprobs"]).abs()[mask].mean())
+
+
+__all__ = ["BatchError", "NemoGenerator", "NemoPolicy", "NemoSession", "natural_sampling_error"]

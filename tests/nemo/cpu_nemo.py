@@ -1,0 +1,200 @@
+"""CPU stand-ins for the three NeMo-RL objects the nemo backend drives, honouring NeMo-RL v0.7's contracts:
+
+- ``CpuMegatronPolicy``: ``get_logprobs`` returns ``{"logprobs": [B, S]}`` with column 0 = 0; ``train(data,
+  loss_fn, gbs, mbs)`` shards rows over DP ranks and micro-batches and calls the loss exactly as NeMo-RL's
+  workers do (``loss_fn(data=, global_valid_seqs=, global_valid_toks=, next_token_logprobs=[B, S-1])``),
+  sums losses and backpropagates, one optimiser step per global batch, and reports ``all_mb_metrics``.
+- ``CpuVllm``: ``generate(data, greedy)`` returns a ``GenerationOutputSpec`` (prompt then response in
+  ``output_ids``, sampler log-probs at the response positions) from its OWN copy of the weights, which only
+  a refit updates (so a missing refit shows up as stale sampling).
+- ``refit``: copies the policy's weights into the vLLM stand-in (``refit_policy_generation``'s job).
+
+The model is a bigram LM over a word-level tokenizer: real gradients, real sampling, milliseconds.
+Every call is appended to ``events`` so tests can check the phase order.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from rise_nemo.backends.local.tokenizer import build_word_tokenizer
+from rise_nemo.core.rubric import Criterion, MachineCheck, Rubric, RubricPrompt
+
+WORDS = ("alpha", "beta", "gamma", "delta", "sun", "moon", "river", "forest")
+
+
+def make_prompts(n: int, offset: int = 0) -> list[RubricPrompt]:
+    rubric = Rubric((
+        Criterion("Mentions alpha", 3.0, (), MachineCheck("contains", "alpha")),
+        Criterion("Mentions beta", 2.0, (), MachineCheck("contains", "beta")),
+        Criterion("Says gamma", -1.0, (), MachineCheck("contains", "gamma")),
+    ))
+    topics = ("river", "forest", "sun", "moon")
+    return [RubricPrompt(f"p{i + offset}", ({"role": "user", "content": f"describe the {topics[(i + offset) % 4]}"},),
+                         rubric) for i in range(n)]
+
+
+def make_tokenizer():
+    from rise_nemo.core.prompts import GUIDANCE_TEMPLATES
+
+    texts = [*WORDS, "describe the", "mentions says avoid the following"]
+    texts += [t.replace("{hint}", "Mentions alpha; Mentions beta; avoid Says gamma") for t in GUIDANCE_TEMPLATES]
+    return build_word_tokenizer(texts)
+
+
+class Bigram(torch.nn.Module):
+    def __init__(self, vocab: int, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.nn.Parameter(torch.randn(vocab, vocab, generator=g) * 0.5)
+
+    def next_token_logprobs(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[B, S] -> [B, S-1]: log p(input_ids[:, t+1] | input_ids[:, t]) (NeMo-RL's loss input)."""
+        logp = torch.log_softmax(self.table[input_ids[:, :-1]], dim=-1)
+        return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+class _Axes:
+    def __init__(self, dp: int):
+        self.dp = dp
+
+    def get_axis_size(self, name: str) -> int:
+        assert name == "data_parallel"
+        return self.dp
+
+
+class CpuMegatronPolicy:
+    def __init__(self, vocab: int, dp: int, events: list, lr: float = 0.5):
+        self.model = Bigram(vocab)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=lr)
+        self.sharding_annotations = _Axes(dp)
+        self.events = events
+        self.train_calls: list[dict] = []
+
+    def prepare_for_lp_inference(self):
+        self.events.append("policy.prepare_for_lp_inference")
+
+    def prepare_for_training(self):
+        self.events.append("policy.prepare_for_training")
+
+    def offload_after_refit(self):
+        self.events.append("policy.offload_after_refit")
+
+    def _aligned(self, input_ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            lp = self.model.next_token_logprobs(input_ids)
+        return torch.cat([torch.zeros(lp.shape[0], 1), lp], dim=1)
+
+    def get_logprobs(self, data):
+        self.events.append("policy.get_logprobs")
+        rows = data["input_ids"].shape[0]
+        assert rows % self.sharding_annotations.dp == 0, "NeMo-RL shards rows evenly over DP"
+        return {"logprobs": self._aligned(data["input_ids"])}
+
+    def get_reference_policy_logprobs(self, data):
+        self.events.append("policy.get_reference_policy_logprobs")
+        return {"reference_logprobs": self._aligned(data["input_ids"])}
+
+    def train(self, data, loss_fn, gbs=None, mbs=None):
+        self.events.append("policy.train")
+        assert loss_fn.input_type.value == "logprob" and loss_fn.loss_type.value == "token_level"
+        rows, dp = data["input_ids"].shape[0], self.sharding_annotations.dp
+        assert gbs == rows and rows % (dp * mbs) == 0, (rows, gbs, dp, mbs)
+        self.train_calls.append({k: v.clone() for k, v in data.items()})
+        mask = data["token_mask"][:, 1:] * data["sample_mask"][:, None]
+        gvt, gvs = mask.sum(), data["sample_mask"].sum()  # NeMo-RL's own normalisers (ignored by our loss)
+        self.opt.zero_grad()
+        per_rank, metrics = rows // dp, {}
+        total = 0.0
+        for rank in range(dp):
+            for start in range(rank * per_rank, (rank + 1) * per_rank, mbs):
+                mb = {k: v[start: start + mbs] for k, v in data.items()}
+                loss, m = loss_fn(data=mb, global_valid_seqs=gvs, global_valid_toks=gvt,
+                                  next_token_logprobs=self.model.next_token_logprobs(mb["input_ids"]))
+                loss.backward()
+                total += float(loss.detach())
+                for k, v in {**m, "lr": 0.5}.items():
+                    metrics.setdefault(k, []).append(v)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1e9)
+        self.opt.step()
+        return {"loss": torch.tensor(total), "grad_norm": grad_norm, "all_mb_metrics": metrics}
+
+    def save_checkpoint(self, weights_path, optimizer_path=None, tokenizer_path=None):
+        self.events.append("policy.save_checkpoint")
+        import os
+
+        os.makedirs(weights_path, exist_ok=True)
+        torch.save(self.model.state_dict(), os.path.join(weights_path, "model.pt"))
+
+
+class CpuVllm:
+    def __init__(self, vocab: int, max_new_tokens: int, pad_id: int, eos_id: int, events: list, seed: int = 0):
+        self.model = Bigram(vocab, seed=123)  # deliberately NOT the policy's weights until a refit
+        self.max_new_tokens, self.pad_id, self.eos_id = max_new_tokens, pad_id, eos_id
+        self.events = events
+        self.gen = torch.Generator().manual_seed(seed)
+        self.awake = False
+
+    def prepare_for_generation(self, *a, **k):
+        self.events.append("vllm.prepare_for_generation")
+        self.awake = True
+        return True
+
+    def finish_generation(self, *a, **k):
+        self.events.append("vllm.finish_generation")
+        self.awake = False
+        return True
+
+    @torch.no_grad()
+    def generate(self, data, greedy=False):
+        self.events.append("vllm.generate")
+        assert self.awake, "generate outside prepare_for_generation/finish_generation"
+        ids, lens = data["input_ids"], data["input_lengths"]
+        rows = []
+        for i in range(ids.shape[0]):
+            prompt = ids[i, : int(lens[i])].tolist()
+            resp, lps, last = [], [], prompt[-1]
+            for _ in range(self.max_new_tokens):
+                logp = torch.log_softmax(self.model.table[last], -1)
+                tok = int(logp.argmax()) if greedy else int(torch.multinomial(logp.exp(), 1, generator=self.gen))
+                resp.append(tok)
+                lps.append(float(logp[tok]))
+                last = tok
+                if tok == self.eos_id:
+                    break
+            rows.append((prompt, resp, lps))
+        width = max(len(p) + len(r) for p, r, _ in rows)
+        out_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        out_lp = torch.zeros(len(rows), width)
+        for i, (p, r, lp) in enumerate(rows):
+            out_ids[i, : len(p) + len(r)] = torch.tensor(p + r)
+            out_lp[i, len(p): len(p) + len(r)] = torch.tensor(lp)
+        return {
+            "output_ids": out_ids,
+            "logprobs": out_lp,
+            "generation_lengths": torch.tensor([len(r) for _, r, _ in rows]),
+            "unpadded_sequence_lengths": torch.tensor([len(p) + len(r) for p, r, _ in rows]),
+            "truncated": torch.tensor([r[-1] != self.eos_id for _, r, _ in rows]),
+        }
+
+
+def make_refit(events: list):
+    def refit(policy, generation, colocated, _refit_buffer_size_gb=None, **_):
+        events.append("refit")
+        if colocated:
+            policy.events.append("policy.offload_before_refit")
+        generation.model.load_state_dict(copy.deepcopy(policy.model.state_dict()))
+        generation.prepare_for_generation()
+
+    return refit
+
+
+def master_config(max_new_tokens: int, mbs: int = 2) -> dict:
+    return {"policy": {
+        "train_micro_batch_size": mbs, "logprob_batch_size": mbs, "make_sequence_length_divisible_by": 4,
+        "tokenizer": {"name": "word-level"},
+        "generation": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": max_new_tokens,
+                       "colocated": {"enabled": True}, "stop_token_ids": None},
+    }}

@@ -1,0 +1,136 @@
+"""Every NeMo-RL recipe loads through the config loader, passes the nemo backend's checks and `plan` at its
+documented node count; deliberately broken copies fail with a message naming the key."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from rise_nemo.backends.nemo import check_recipe
+from rise_nemo.backends.nemo.config import NemoConfigError, nemo_overrides, validate_nemo_block
+from rise_nemo.config.loader import ConfigError, load_config
+from rise_nemo.planner import plan_recipe
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+NEMO_RECIPES = sorted(p.name for p in RECIPES.glob("*.yaml")
+                      if (yaml.safe_load(p.read_text()) or {}).get("backend") == "nemo"
+                      or "rise_14b.yaml" in str((yaml.safe_load(p.read_text()) or {}).get("defaults", "")))
+# The recipes this test must see (a recipe silently dropping out of the glob would hide a break).
+EXPECTED = {"rise_4b.yaml", "rise_14b.yaml", "rubric_rl_14b.yaml", "ruscarl_14b.yaml", "rise_14b_coupled.yaml",
+            "rise_14b_uniform.yaml", "opd_14b_teacher32b.yaml", "opd_4b_teacher14b.yaml"}
+DOCUMENTED_NODES = {"rise_4b.yaml": 2, "rise_14b.yaml": 2, "rubric_rl_14b.yaml": 2, "ruscarl_14b.yaml": 2,
+                    "rise_14b_coupled.yaml": 2, "rise_14b_uniform.yaml": 2, "opd_14b_teacher32b.yaml": 3,
+                    "opd_4b_teacher14b.yaml": 2}
+
+
+def load(name: str, *overrides: str) -> dict:
+    return OmegaConf.to_container(load_config(RECIPES / name, list(overrides)), resolve=True)
+
+
+def test_all_nemo_recipes_are_covered():
+    assert EXPECTED <= set(NEMO_RECIPES)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_recipe_loads_validates_and_plans(name):
+    tree = load(name)
+    assert tree["backend"] == "nemo"
+    check_recipe(tree)  # nemo block + plan at the recipe's own node count
+    report = plan_recipe(tree)
+    assert report.ok and report.layout.nodes_total == DOCUMENTED_NODES[name]
+    assert report.peak_gib < 141
+    # the header comment documents the node count the planner uses
+    assert f"Nodes: {DOCUMENTED_NODES[name]} x 8 H200" in (RECIPES / name).read_text() or "defaults:" in (
+        RECIPES / name).read_text()
+
+
+def test_paper_hyperparameters_in_rise_14b():
+    t = load("rise_14b.yaml")
+    assert (t["grpo"]["prompts_per_step"], t["grpo"]["group_size"]) == (64, 8)
+    assert (t["grpo"]["clip_low"], t["grpo"]["clip_high"], t["grpo"]["kl_coef"], t["grpo"]["entropy_coef"]) == (
+        0.2, 0.28, 0.0, 0.0)
+    assert t["grpo"]["max_new_tokens"] == 8192
+    assert (t["reward"]["overlong_buffer"], t["reward"]["overlong_factor"]) == (4096, 0.5)
+    assert (t["rise"]["gamma"], t["rise"]["top_m"], t["rise"]["privileged_group_size"]) == (0.1, 5, 8)
+    assert t["nemo"]["policy"]["megatron_cfg"]["optimizer"]["lr"] == 1e-6
+    mc = t["nemo"]["policy"]["megatron_cfg"]
+    assert mc["sequence_parallel"] and mc["tensor_model_parallel_size"] > 1 and mc["pipeline_model_parallel_size"] > 1
+    assert mc["fp8_cfg"] == {"enabled": True, "fp8": "e4m3", "fp8_recipe": "blockwise", "fp8_param": False}
+    assert t["nemo"]["policy"]["generation"]["vllm_cfg"]["precision"] == "fp8"
+    assert t["nemo"]["adapter"]["importance_sampling"] == "behaviour_ratio"
+    assert {"rubric_rl_14b.yaml": "rubric_rl", "ruscarl_14b.yaml": "ruscarl", "rise_14b_coupled.yaml": "coupled",
+            "rise_14b_uniform.yaml": "uniform"} == {n: load(n)["method"] for n in
+                                                    ("rubric_rl_14b.yaml", "ruscarl_14b.yaml",
+                                                     "rise_14b_coupled.yaml", "rise_14b_uniform.yaml")}
+
+
+def test_judge_endpoints_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RISE_JUDGE_URLS", '["http://j0:8000/v1", "http://j0:8001/v1"]')
+    monkeypatch.setenv("RISE_JUDGE_MODEL", "my-judge")
+    t = load("rise_14b.yaml")
+    assert t["judge"]["base_urls"] == ["http://j0:8000/v1", "http://j0:8001/v1"]
+    assert t["judge"]["model"] == "my-judge"
+
+
+def test_derived_values_are_written_into_nemo_tree(tmp_path):
+    t = load("ruscarl_14b.yaml")
+    tree = nemo_overrides(t, str(tmp_path))
+    assert tree["policy"]["generation"]["max_new_tokens"] == 8192
+    assert tree["grpo"]["num_prompts_per_step"] == 64 and tree["grpo"]["num_generations_per_prompt"] == 8
+    assert tree["loss_fn"]["reference_policy_kl_penalty"] == 0.001
+    assert tree["grpo"]["skip_reference_policy_logprobs_calculation"] is False
+    assert not {"plan", "adapter", "base", "algorithm"} & set(tree)
+
+
+def _broken(name: str, mutate) -> dict:
+    tree = copy.deepcopy(load(name))
+    mutate(tree)
+    return tree
+
+
+@pytest.mark.parametrize("mutate, fragment", [
+    (lambda t: t["nemo"]["policy"]["generation"].__setitem__("temperature", 0.7),
+     "nemo.policy.generation.temperature is set from grpo.temperature"),
+    (lambda t: t["nemo"].__setitem__("adapter", {"importance_sampling": "tis"}),
+     "nemo.adapter.importance_sampling: 'tis'"),
+    (lambda t: t["nemo"].__setitem__("algorithm", "ppo"), "nemo.algorithm: 'ppo'"),
+    (lambda t: t["nemo"]["policy"].__delitem__("model_name"), "nemo.policy.model_name is missing"),
+    (lambda t: t["nemo"]["policy"]["generation"].__setitem__("backend", "sglang"), "vllm only"),
+    (lambda t: t.__setitem__("nemo", {}), "recipe key nemo: missing or empty"),
+])
+def test_broken_nemo_block_fails_with_the_key(mutate, fragment):
+    with pytest.raises(NemoConfigError, match=fragment.replace(".", r"\.").replace("(", r"\(")):
+        validate_nemo_block(_broken("rise_14b.yaml", mutate))
+
+
+@pytest.mark.parametrize("mutate, fragment", [
+    (lambda t: t["nemo"]["policy"]["megatron_cfg"].__setitem__("tensor_model_parallel_size", 3),
+     "nemo.policy.megatron_cfg.tensor_model_parallel_size: TP 3 does not divide qwen3-14b's 40 attention heads"),
+    (lambda t: t["nemo"]["policy"]["megatron_cfg"].__setitem__("pipeline_model_parallel_size", 3),
+     "nemo.policy.megatron_cfg.pipeline_model_parallel_size: PP 3 does not divide qwen3-14b's 40 layers"),
+    (lambda t: t["nemo"]["policy"]["megatron_cfg"]["env_vars"].pop("NVTE_FP8_BLOCK_SCALING_FP32_SCALES"),
+     "NVTE_FP8_BLOCK_SCALING_FP32_SCALES"),
+    (lambda t: t["nemo"]["plan"].__setitem__("nodes", 3), "nemo.cluster.num_nodes: 1 training nodes"),
+    (lambda t: t["nemo"]["policy"]["megatron_cfg"].__setitem__("pipeline_model_parallel_size", 1)
+     or t["nemo"]["policy"]["megatron_cfg"].__setitem__("tensor_model_parallel_size", 1)
+     or t["nemo"]["policy"].__setitem__("max_total_sequence_length", 40000)
+     or t["nemo"]["policy"]["generation"]["vllm_cfg"].__setitem__("max_model_len", 40000),
+     "training phase needs"),
+])
+def test_broken_layout_fails_plan_with_the_key(mutate, fragment):
+    with pytest.raises(NemoConfigError) as err:
+        check_recipe(_broken("rise_14b.yaml", mutate))
+    assert fragment in str(err.value)
+
+
+def test_loader_rejects_unknown_top_level_key(tmp_path):
+    bad = yaml.safe_load((RECIPES / "rise_14b.yaml").read_text())
+    bad["grpo"]["group_sizes"] = 8
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(ConfigError, match="grpo.group_sizes"):
+        load_config(path)
