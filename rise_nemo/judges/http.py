@@ -39,6 +39,7 @@ from rise_nemo.judges.client import (
     LoopThread,
     RetryPolicy,
 )
+from rise_nemo.judges.stats import stats_to_metrics
 
 __all__ = [
     "HttpJudge",
@@ -46,6 +47,7 @@ __all__ = [
     "JudgeError",
     "JudgeFailureCapExceeded",
     "build_http_judge",
+    "stats_to_metrics",
 ]
 
 log = logging.getLogger("rise_nemo.judges")
@@ -343,17 +345,6 @@ class HttpJudge:
         loop.stop()
         if cache is not None:
             cache.close()
-
-
-def stats_to_metrics(stats: JudgeStats, prefix: str = "judge/") -> dict[str, float]:
-    out = {
-        f"{prefix}calls": float(stats.calls),
-        f"{prefix}cache_hits": float(stats.cache_hits),
-        f"{prefix}unknown_verdicts": float(stats.unknown_verdicts),
-        f"{prefix}failures": float(stats.failures),
-    }
-    out.update({f"{prefix}{k}": float(v) for k, v in stats.extra.items()})
-    return out
 
 
 def _progress(total: int, enabled: bool):

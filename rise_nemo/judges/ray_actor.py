@@ -101,7 +101,7 @@ class RayJudge:
         return self._last_stats
 
     def metrics(self, prefix: str = "judge/") -> dict[str, float]:
-        from rise_nemo.judges.http import stats_to_metrics
+        from rise_nemo.judges.stats import stats_to_metrics
 
         return stats_to_metrics(self.stats, prefix)
 

@@ -39,3 +39,12 @@ def test_memory_only_cache():
     cache = VerdictCache()
     cache.put_many([("k", True)])
     assert cache.get("k") is True and cache.path is None
+
+
+def test_stats_to_metrics_flattens_extra():
+    from rise_nemo.interfaces import JudgeStats
+    from rise_nemo.judges.stats import stats_to_metrics
+
+    m = stats_to_metrics(JudgeStats(calls=3, cache_hits=2, unknown_verdicts=1, failures=4, extra={"retries": 5}))
+    assert m == {"judge/calls": 3.0, "judge/cache_hits": 2.0, "judge/unknown_verdicts": 1.0,
+                 "judge/failures": 4.0, "judge/retries": 5.0}

@@ -162,7 +162,7 @@ def _spawn_server(port: int, latency: float) -> subprocess.Popen:
 @pytest.mark.slow
 def test_kill_and_restart_mid_batch(healthbench_requests):
     port = _free_port()
-    proc = _spawn_server(port, latency=0.05)
+    proc = _spawn_server(port, latency=0.1)
     reqs = healthbench_requests[:12]
     judge = make_judge(f"http://127.0.0.1:{port}/v1", "per_criterion", max_concurrency=4,
                        max_attempts=12, backoff_base_s=0.1, backoff_max_s=1.0)
@@ -170,12 +170,12 @@ def test_kill_and_restart_mid_batch(healthbench_requests):
     worker = threading.Thread(target=lambda: out.setdefault("got", judge.judge(reqs)))
     try:
         worker.start()
-        time.sleep(1.0)  # the batch (~140 calls at 4 x 0.05 s) is under way
+        time.sleep(1.0)  # the batch (104 calls, 4 in flight x 0.1 s: ~2.6 s) is under way
         calls_before_kill = judge.stats.calls
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         time.sleep(1.5)  # server down: in-flight calls drop, new ones are refused
-        proc = _spawn_server(port, latency=0.05)
+        proc = _spawn_server(port, latency=0.1)
         worker.join(60)
         assert not worker.is_alive(), "batch did not complete after the server came back"
         stats = judge.stats
