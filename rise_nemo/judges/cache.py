@@ -18,20 +18,24 @@ from pathlib import Path
 from rise_nemo.core.rubric import Conversation, Criterion
 
 
+def request_digest(model: str, template_version: str, conversation: Conversation, response: str) -> str:
+    """sha256 over everything a request's verdicts share (computed once per response, not per criterion)."""
+    payload = [model, template_version, [[m.get("role"), m.get("content")] for m in conversation], response]
+    blob = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def criterion_key(digest: str, criterion: Criterion) -> str:
+    # The points are part of the key: their sign changes the prompt's semantics note.
+    blob = json.dumps([digest, criterion.text, float(criterion.weight)], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def verdict_key(
     model: str, template_version: str, conversation: Conversation, response: str, criterion: Criterion
 ) -> str:
-    """sha256 over a canonical JSON of everything that can change the verdict."""
-    payload = [
-        model,
-        template_version,
-        [[m.get("role"), m.get("content")] for m in conversation],
-        response,
-        criterion.text,
-        float(criterion.weight),  # the sign changes the prompt's semantics note
-    ]
-    blob = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+    """The cache key: a hash of (judge model, prompt template version, conversation, response, criterion)."""
+    return criterion_key(request_digest(model, template_version, conversation, response), criterion)
 
 
 class VerdictCache:

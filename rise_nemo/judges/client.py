@@ -184,7 +184,12 @@ class ChatClient:
                 structured = self.structured_outputs == "on" or (self.structured_outputs == "auto" and ep.structured)
                 body = self._body(messages, max_tokens, schema_name if structured else None, schema)
                 result = await self._send(ep, body)
-            if result.kind == "schema_rejected" and self.structured_outputs == "auto":
+            if result.kind == "schema_rejected" and self.structured_outputs == "on":
+                raise JudgeError(self.redact(
+                    f"judge endpoint {ep.base_url} rejected response_format ({result.reason}); it does not "
+                    "support structured outputs: set judge.structured_outputs to auto or off"
+                ))
+            if result.kind == "schema_rejected":
                 # The server does not do structured outputs: free text + strict parsing from now on.
                 if ep.structured:  # calls already in flight may also bounce; count and log once
                     ep.structured = False

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -31,7 +32,7 @@ from typing import Any
 from rise_nemo.core.rubric import Criterion
 from rise_nemo.interfaces import JudgeRequest, JudgeStats, Verdict
 from rise_nemo.judges import grading
-from rise_nemo.judges.cache import VerdictCache, verdict_key
+from rise_nemo.judges.cache import VerdictCache, criterion_key, request_digest
 from rise_nemo.judges.client import (
     ChatClient,
     JudgeError,
@@ -193,12 +194,14 @@ class HttpJudge:
     async def ajudge(self, requests: Sequence[JudgeRequest]) -> list[list[Verdict]]:
         """Coroutine form of ``judge``; must run on this judge's loop (``judge`` does that for you)."""
         client = self._get_client()
+        started, calls_before, hits_before = time.monotonic(), client.counters.calls, self._cache_hits
         verdicts: list[list[Verdict]] = [[None] * len(r.rubric.criteria) for r in requests]
         owners: dict[str, list[tuple[int, int]]] = {}  # verdict key -> every (request, criterion) slot
         first: list[list[tuple[Criterion, str]]] = [[] for _ in requests]  # uncached work per request
         for i, req in enumerate(requests):
+            digest = request_digest(self.config.model, self._template, req.conversation, req.response)
             for k, crit in enumerate(req.rubric.criteria):
-                key = verdict_key(self.config.model, self._template, req.conversation, req.response, crit)
+                key = criterion_key(digest, crit)
                 hit = self._cache.get(key) if self._cache is not None else None
                 if hit is not None:
                     verdicts[i][k] = hit
@@ -215,7 +218,12 @@ class HttpJudge:
         for key, slots in owners.items():
             for i, k in slots:
                 verdicts[i][k] = results.get(key)
-        self._count(verdicts)
+        unknown = self._count(verdicts)
+        log.info(
+            "judged %d verdicts of %d responses in %.1f s: %d calls, %d cache hits, %d unknown",
+            sum(map(len, verdicts)), len(requests), time.monotonic() - started,
+            client.counters.calls - calls_before, self._cache_hits - hits_before, unknown,
+        )
         return verdicts
 
     @property
@@ -286,9 +294,13 @@ class HttpJudge:
     async def _run_units(self, client: ChatClient, units: list[_Unit]) -> dict[str, Verdict]:
         results: dict[str, Verdict] = {}
         bar = _progress(len(units), self.config.progress)
+        # At most 2x the concurrency limit of units hold a rendered prompt at a time, so 30,000 pending
+        # verdicts do not mean 30,000 prompts (several KB each) in memory at once.
+        gate = asyncio.Semaphore(2 * self.config.max_concurrency)
 
         async def run(unit: _Unit) -> None:
-            got = await self._judge_unit(client, unit)  # [len(unit.keys)] bools or Nones
+            async with gate:
+                got = await self._judge_unit(client, unit)  # [len(unit.keys)] bools or Nones
             results.update(zip(unit.keys, got))
             if bar is not None:
                 bar.update(1)
@@ -327,12 +339,15 @@ class HttpJudge:
         )
         return list(got) if got is not None else [None] * n
 
-    def _count(self, verdicts: list[list[Verdict]]) -> None:
+    def _count(self, verdicts: list[list[Verdict]]) -> int:
+        total = 0
         for row in verdicts:
             self._verdicts += len(row)
             unknown = sum(v is None for v in row)
             self._unknown_verdicts += unknown
             self._unknown_responses += unknown > 0
+            total += unknown
+        return total
 
     @staticmethod
     def _shutdown(loop: LoopThread, cache: VerdictCache | None, client_box: list) -> None:

@@ -222,6 +222,9 @@ def test_structured_outputs_fallback_and_off(server):
         assert judge.stats.extra["structured_fallbacks"] == 1
     # Only the calls already in flight when the first rejection came back asked for it; then free text.
     assert 1 <= server.grader.with_response_format <= 6 < server.grader.requests
+    with make_judge(server.url, "batched", structured_outputs="on", cache=False) as judge:
+        with pytest.raises(JudgeError, match="structured_outputs to auto or off"):
+            judge.judge(reqs)  # "on" means required: a server without it is a configuration error
     server.grader.supports_response_format = True
     before = server.grader.with_response_format
     with make_judge(server.url, "batched", structured_outputs="off", cache=False) as judge:
