@@ -1,0 +1,273 @@
+"""The nemo backend against NeMo-RL's own code (skipped unless ``nemo_rl`` is importable).
+
+Setup: inside the NeMo-RL container (``pytest tests/nemo``), or on a CPU machine with a NeMo-RL v0.7 source
+checkout on PYTHONPATH and its pure-Python dependencies installed (see README "Running on NeMo-RL").
+
+- the loss adapter through NeMo-RL's input preparation (logits -> next-token log-probs) equals NeMo-RL's
+  ClippedPGLossFn on a natural-only batch (same clip, token-level, KL 0), in value and gradient;
+- the adapter unpickles in a fresh process with NeMo-RL's enums;
+- ``build()`` merges a recipe into a real NeMo-RL example config and passes NeMo-RL's MasterConfig, then the
+  RISE loop runs on mocked NeMo-RL policy/generation the way NeMo-RL's tests/unit/algorithms/test_grpo.py
+  drives grpo_train (MagicMock objects, refit_policy_generation patched on the grpo module);
+- the rubric environment runs as a Ray actor inside NeMo-RL's run_multi_turn_rollout.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from unittest.mock import MagicMock
+
+import pytest
+import torch
+
+nemo_rl = pytest.importorskip("nemo_rl")
+pytestmark = pytest.mark.nemo
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from cpu_nemo import Bigram, CpuVllm, make_prompts, make_tokenizer  # noqa: E402
+
+from rise_nemo.backends.nemo.loss import RiseLossFunction  # noqa: E402
+from rise_nemo.core.losses import ObjectiveConfig, rise_objective  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+torch.set_num_threads(1)
+
+
+def prepare_fn():
+    """NeMo-RL's prepare_loss_input; its non-parallel path moves tensors to CUDA, so on a CPU-only machine
+    the same computation (log-softmax over the vocabulary, gather the next token) is done here."""
+    from nemo_rl.algorithms.loss import prepare_loss_input
+
+    if torch.cuda.is_available():
+        return prepare_loss_input
+
+    def cpu_prepare(logits, data, loss_fn, **_):
+        logp = torch.log_softmax(logits.float(), dim=-1)[:, :-1]
+        return {"next_token_logprobs": logp.gather(-1, data["input_ids"][:, 1:, None]).squeeze(-1)}, data
+
+    return cpu_prepare
+
+
+def _natural_batch(b=6, t=16, vocab=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    token_mask = torch.zeros(b, t)
+    for i in range(b):
+        token_mask[i, 3 + i % 3: t - i % 4] = 1
+    data = {
+        "input_ids": torch.randint(0, vocab, (b, t), generator=g),
+        "input_lengths": torch.full((b,), t),
+        "token_mask": token_mask,
+        "sample_mask": torch.ones(b),
+        "kind": torch.zeros(b, dtype=torch.long),
+        "advantages": torch.randn(b, generator=g),
+        "prev_logprobs": -torch.rand(b, t, generator=g) * 2 - 1,
+        "generation_logprobs": -torch.rand(b, t, generator=g) * 2 - 1,
+    }
+    n_tok = float(token_mask[:, 1:].sum())
+    data["natural_token_count"] = torch.full((b,), n_tok)
+    data["guided_seq_count"] = torch.zeros(b)
+    return data
+
+
+def test_adapter_equals_clipped_pg_loss_through_nemo_input_preparation():
+    from nemo_rl.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
+    from nemo_rl.algorithms.loss.interfaces import LossInputType, LossType
+    from nemo_rl.algorithms.loss.wrapper import wrap_loss_fn_with_input_preparation
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    data = _natural_batch()
+    vocab = 32
+    logits = torch.randn(*data["input_ids"].shape, vocab, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    ours = RiseLossFunction(functools.partial(rise_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28,
+                                                                                   lambda_guide=0.0)))
+    assert ours.input_type is LossInputType.LOGPROB and ours.loss_type is LossType.TOKEN_LEVEL
+    theirs = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28,
+                                                 reference_policy_kl_penalty=0.0, token_level_loss=True))
+    nemo_data = BatchedDataDict({**data, "advantages": data["advantages"][:, None].expand_as(data["token_mask"]).clone()})
+    gvt = (data["token_mask"][:, 1:] * data["sample_mask"][:, None]).sum()
+    gvs = data["sample_mask"].sum()
+
+    def run(fn, d):
+        # Megatron's post-processor passes logits [B, S, V]; prepare_loss_input turns them into next-token
+        # log-probs [B, S-1] for LOGPROB losses.
+        return wrap_loss_fn_with_input_preparation(logits, BatchedDataDict(dict(d)), gvs, gvt, loss_fn=fn,
+                                                   prepare_fn=prepare_fn())
+
+    our_loss, our_metrics = run(ours, BatchedDataDict(data))
+    their_loss, _ = run(theirs, nemo_data)
+    assert float(our_loss) == pytest.approx(float(their_loss), rel=1e-5, abs=1e-7)
+    g_ours, = torch.autograd.grad(our_loss, logits)
+    g_theirs, = torch.autograd.grad(their_loss, logits)
+    torch.testing.assert_close(g_ours, g_theirs, rtol=1e-4, atol=1e-7)
+    assert our_metrics["loss"] == pytest.approx(float(our_loss))
+
+
+def test_adapter_unpickles_with_nemo_enums_in_a_fresh_process(tmp_path):
+    fn = RiseLossFunction(functools.partial(rise_objective, cfg=ObjectiveConfig()))
+    path = tmp_path / "loss.pkl"
+    path.write_bytes(pickle.dumps(fn))
+    code = (
+        "import pickle, sys\n"
+        "from nemo_rl.algorithms.loss.interfaces import LossInputType, LossType\n"
+        f"fn = pickle.loads(open({str(path)!r}, 'rb').read())\n"
+        "assert fn.input_type is LossInputType.LOGPROB and fn.loss_type is LossType.TOKEN_LEVEL\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def _write_jsonl(path: Path, prompts) -> str:
+    with open(path, "w") as fh:
+        for p in prompts:
+            fh.write(json.dumps({
+                "prompt_id": p.prompt_id, "messages": [dict(m) for m in p.messages],
+                "rubric": [{"criterion": c.text, "points": c.weight,
+                            "check": {"kind": c.check.kind, "value": c.check.value}} for c in p.rubric.criteria],
+            }) + "\n")
+    return str(path)
+
+
+def _mock_generation(vllm: CpuVllm):
+    """MagicMock with VllmGeneration's spec whose generate answers like the real engine (shapes matter)."""
+    from nemo_rl.models.generation.vllm import VllmGeneration
+
+    gen = MagicMock(spec=VllmGeneration)
+    vllm.awake = True
+    gen.generate.side_effect = lambda data, greedy=False: vllm.generate(data, greedy)
+    return gen
+
+
+def _mock_policy(dp: int):
+    """Like test_grpo's mock policy; get_logprobs/train answer with the right shapes, train runs the loss
+    through NeMo-RL's input preparation on random logits (so the adapter meets NeMo-RL's real code)."""
+    from nemo_rl.algorithms.loss.wrapper import wrap_loss_fn_with_input_preparation
+
+    policy = MagicMock()
+    policy.sharding_annotations.get_axis_size.return_value = dp
+    policy.get_logprobs.side_effect = lambda data, **k: {"logprobs": torch.zeros(data["input_ids"].shape)}
+
+    def train(data, loss_fn, gbs=None, mbs=None, **k):
+        vocab = int(data["input_ids"].max()) + 1
+        logits = torch.randn(*data["input_ids"].shape, vocab, requires_grad=True)
+        mask = data["token_mask"][:, 1:] * data["sample_mask"][:, None]
+        loss, metrics = wrap_loss_fn_with_input_preparation(logits, data, data["sample_mask"].sum(), mask.sum(),
+                                                            loss_fn=loss_fn, prepare_fn=prepare_fn())
+        loss.backward()
+        return {"loss": loss.detach(), "grad_norm": torch.tensor(1.0),
+                "all_mb_metrics": {k2: [v] for k2, v in metrics.items()}}
+
+    policy.train.side_effect = train
+    return policy
+
+
+def test_build_and_rise_loop_on_mocked_nemo_rl(tmp_path, monkeypatch):
+    from nemo_rl.algorithms import grpo as grpo_mod
+    from nemo_rl.algorithms.loss.interfaces import LossInputType
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    import rise_nemo.backends.nemo as nemo_backend
+    from rise_nemo.config.loader import load_config
+    from rise_nemo.judges import build_judge
+    from rise_nemo.orchestration.data import load_prompts
+    from rise_nemo.orchestration.trainer import Trainer
+
+    nemo_dir = Path(nemo_rl.__file__).resolve().parents[1]
+    if not (nemo_dir / "examples" / "configs" / "grpo_math_1B_megatron.yaml").exists():
+        pytest.skip("NeMo-RL example configs not found next to nemo_rl (need a source checkout or the container)")
+    monkeypatch.setenv("NEMO_RL_DIR", str(nemo_dir))
+    tok = make_tokenizer()
+    vllm = CpuVllm(len(tok), 10, tok.pad_token_id, tok.eos_token_id, [])
+    vllm.model = Bigram(len(tok))
+    generation, policy = _mock_generation(vllm), _mock_policy(dp=2)
+    seen: dict = {}
+
+    def fake_setup(master_config, tokenizer, dataset, val_dataset, policy_factory=None, **k):
+        seen["master"], seen["dataset"], seen["factory"] = master_config, dataset, policy_factory
+        return (policy, generation, None, (None, None), None, None, None, None, None, None, master_config, {}, {})
+
+    refits = []
+    monkeypatch.setattr(grpo_mod, "setup", fake_setup)
+    monkeypatch.setattr(grpo_mod, "refit_policy_generation", lambda *a, **k: refits.append(1))
+    monkeypatch.setattr("nemo_rl.distributed.virtual_cluster.init_ray", lambda *a, **k: None)
+    monkeypatch.setattr("nemo_rl.algorithms.utils.get_tokenizer", lambda *a, **k: tok)
+
+    train = _write_jsonl(tmp_path / "train.jsonl", make_prompts(4))
+    evalp = _write_jsonl(tmp_path / "eval.jsonl", make_prompts(2, 4))
+    cfg = load_config(REPO / "recipes" / "rise_4b.yaml", [
+        f"run.dir={tmp_path / 'run'}", "grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.max_new_tokens=10",
+        "rise.privileged_group_size=4", "rise.schedule.mode=fixed", "reward.overlong_buffer=0", "train.steps=2", "train.progress=false",
+        "train.tensorboard=false", "eval.every=0", "eval.at_start=false", f"data.train_path={train}",
+        f"data.eval_path={evalp}", "judge={type: rule}",
+    ])
+    policy_if, generator_if = nemo_backend.build(cfg)
+
+    master = seen["master"]
+    assert isinstance(master, grpo_mod.MasterConfig)  # NeMo-RL's pydantic config accepted the merge
+    assert master.policy["megatron_cfg"]["tensor_model_parallel_size"] == 2
+    assert master.policy["generation"]["max_new_tokens"] == 10 and master.grpo["num_generations_per_prompt"] == 4
+    assert master.loss_fn.reference_policy_kl_penalty == 0.0
+    assert master.policy["megatron_cfg"]["fp8_cfg"]["fp8_recipe"] == "blockwise"
+    assert len(seen["dataset"]) == 4 and seen["dataset"][0]["task_name"] == "rubric"
+
+    train_prompts, eval_prompts = load_prompts(cfg)
+    trainer = Trainer(cfg, policy_if, generator_if, build_judge(cfg.judge), train_prompts, eval_prompts,
+                      run_dir=tmp_path / "run")
+    assert trainer.run() == 0
+    assert len(refits) == 2 + 1  # one per training step + the final evaluation's window
+    assert policy.train.call_count == 2
+    data, loss_fn = policy.train.call_args.args[:2]
+    assert isinstance(data, BatchedDataDict) and isinstance(loss_fn, RiseLossFunction)
+    assert loss_fn.input_type is LossInputType.LOGPROB
+    assert policy.train.call_args.kwargs["gbs"] == data["input_ids"].shape[0]
+    names = [c[0] for c in generation.method_calls]
+    assert names.count("generate") >= 4 and "finish_generation" in names
+
+
+def test_rubric_environment_inside_nemo_rollout(tmp_path):
+    import ray
+    from nemo_rl.data.collate_fn import rl_collate_fn
+    from nemo_rl.environments.utils import create_env
+    from nemo_rl.experience.rollouts import run_multi_turn_rollout
+
+    from rise_nemo.backends.nemo import register_rubric_environment
+    from rise_nemo.backends.nemo.environment import rubric_datum
+    from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoSession
+    from rise_nemo.core.rewards import rubric_reward
+    from rise_nemo.interfaces import JudgeRequest
+    from rise_nemo.judges.rule import RuleJudge
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # address="local": always a private cluster, never one another process on the machine started.
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
+    try:
+        tok = make_tokenizer()
+        session = NemoSession(None, None, tok, {"policy": {"generation": {
+            "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 10, "colocated": {"enabled": True}}}},
+            refit=lambda *a, **k: None)
+        encode = NemoGenerator(session).encode_prompt
+        prompts = make_prompts(4)
+        batch = rl_collate_fn([rubric_datum(p, encode, i) for i, p in enumerate(prompts)])
+        register_rubric_environment("rubric")
+        env = create_env("rubric", {"type": "rule"})
+        vllm = CpuVllm(len(tok), 10, tok.pad_token_id, tok.eos_token_id, [])
+        vllm.awake = True
+        out, metrics = run_multi_turn_rollout(vllm, batch, tok, {"rubric": env}, max_seq_len=256, max_rollout_turns=1)
+        judge = RuleJudge()
+        for i, p in enumerate(prompts):
+            response = out["message_log"][i][1]["content"]
+            verdicts = judge.judge([JudgeRequest(list(p.messages), response, p.rubric)])[0]
+            want = float(rubric_reward(torch.tensor(verdicts), torch.tensor(p.rubric.weights)))
+            assert float(out["total_reward"][i]) == pytest.approx(want)
+        assert metrics  # NeMo-RL computed its rollout metrics over our rewards
+    finally:
+        ray.shutdown()
