@@ -50,4 +50,4 @@ $(VLLM_VENV)/.installed: $(CONSTRAINTS)
 	touch $@
 
 test-vllm: install $(VLLM_VENV)/.installed
-	RISE_TEST_VLLM=1 RISE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -m vllm tests/judges/test_vllm_smoke.py
+	RISE_TEST_VLLM=1 RISE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -m vllm tests/judges/test_judge_vllm_smoke.py
