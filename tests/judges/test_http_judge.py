@@ -44,6 +44,12 @@ def test_modes_match_rule_grader_on_healthbench(server, healthbench_requests, mo
     assert stats.unknown_verdicts == 0 and stats.failures == 0
 
 
+def test_empty_inputs(server):
+    with make_judge(server.url, "batched") as judge:
+        assert judge.judge([]) == []
+        assert judge.stats.calls == 0
+
+
 def test_small_example_by_hand(server):
     with make_judge(server.url, "batched", batch_size=2) as judge:
         got = judge.judge(small_requests())
@@ -211,7 +217,8 @@ def test_least_loaded_balancing_and_dead_endpoint(healthbench_requests):
         with make_judge([dead, fast.url], "per_criterion", max_concurrency=4) as judge:
             assert judge.judge(reqs[:2]) == expected(reqs[:2])
             stats = judge.stats
-        assert stats.unknown_verdicts == 0 and 1 <= stats.extra["connection_errors"] <= 4
+        # Refused connections put the dead replica on a 1 s cool-down instead of retrying it every call.
+        assert stats.unknown_verdicts == 0 and 1 <= stats.extra["connection_errors"] <= 8
 
 
 def test_structured_outputs_fallback_and_off(server):
