@@ -30,14 +30,20 @@ RISE_LOOPBACK=${RISE_LOOPBACK:-0}            # 1: every address is 127.0.0.1 (si
 RISE_RAY_PORT=${RISE_RAY_PORT:-6379}
 RISE_RAY_TIMEOUT=${RISE_RAY_TIMEOUT:-600}
 RISE_JUDGE_NODES=${RISE_JUDGE_NODES:-0}
-RISE_JUDGE_MODEL=${RISE_JUDGE_MODEL:-openai/gpt-oss-120b}
-RISE_JUDGE_TP=${RISE_JUDGE_TP:-2}
+RISE_JUDGE_MODEL=${RISE_JUDGE_MODEL:-Qwen/Qwen3-32B}
+RISE_JUDGE_TP=${RISE_JUDGE_TP:-4}
 RISE_JUDGE_PORT=${RISE_JUDGE_PORT:-8000}
 RISE_JUDGE_SERVE_ARGS=${RISE_JUDGE_SERVE_ARGS:-}
-# The driver is told what was served through these config keys (empty: not passed) and through the
-# environment (RISE_JUDGE_URLS, RISE_TEACHER_URLS, RISE_TEACHER_URL; comma-separated .../v1 URLs).
+# The driver is told what was served through the environment, which the recipes read
+# (RISE_JUDGE_URLS / RISE_TEACHER_URLS: JSON lists of .../v1 URLs; RISE_JUDGE_MODEL; RISE_TEACHER_URL:
+# the first teacher URL), and through these config overrides (empty: not passed).
 RISE_JUDGE_URLS_KEY=${RISE_JUDGE_URLS_KEY-judge.base_urls}
 RISE_JUDGE_MODEL_KEY=${RISE_JUDGE_MODEL_KEY-judge.model}
+# Python arguments of the driver, followed by --config RECIPE run.dir=RUN_DIR and the overrides.
+RISE_ENTRY=${RISE_ENTRY:--m rise_nemo.cli train}
+# Config key that receives the number of training nodes (e.g. nemo.cluster.num_nodes), so the trainer
+# uses every Ray node of the allocation; empty: not passed.
+RISE_NUM_NODES_KEY=${RISE_NUM_NODES_KEY:-}
 RISE_TEACHER_NODES=${RISE_TEACHER_NODES:-0}
 RISE_TEACHER_MODEL=${RISE_TEACHER_MODEL:-Qwen/Qwen3-32B}
 RISE_TEACHER_TP=${RISE_TEACHER_TP:-4}
@@ -238,8 +244,27 @@ ray_common_args() {
     --min-worker-port="$RAY_MIN_WORKER_PORT" --max-worker-port="$RAY_MAX_WORKER_PORT")
 }
 
+# Ray >= 2.5x authenticates its RPCs with a token. One token per run, in the run directory (which every
+# container mounts): all nodes share it, and no user-wide ~/.ray/auth_token is read or overwritten.
+# RAY_AUTH_MODE=disabled (or token, with your own RAY_AUTH_TOKEN_PATH) in the environment overrides this.
+setup_ray_auth() {
+  [[ -n ${RAY_AUTH_MODE:-} ]] && return
+  export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$LOG_DIR/ray_auth_token
+  if is_dry; then
+    echo "[dry-run] env: RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$RAY_AUTH_TOKEN_PATH (a fresh random token)"
+    return
+  fi
+  if [[ ! -s $RAY_AUTH_TOKEN_PATH ]]; then
+    (
+      umask 077
+      od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$RAY_AUTH_TOKEN_PATH"
+    ) || die_run "cannot write $RAY_AUTH_TOKEN_PATH"
+  fi
+}
+
 start_ray() {
   local head=${TRAIN_NODES[0]} head_ip i node
+  setup_ray_auth
   head_ip=$(ip_of "$head")
   RAY_ADDRESS="$head_ip:$RISE_RAY_PORT"
   export RAY_ADDRESS
@@ -346,13 +371,14 @@ start_servers() {
   done
 }
 
+# urls_of KIND: JSON list of the KIND servers' OpenAI-compatible base URLs.
 urls_of() {
   local kind=$1 entry out=()
   for entry in "${SERVER_URLS[@]}"; do
-    [[ $entry == "$kind "* ]] && out+=("${entry#* }/v1")
+    [[ $entry == "$kind "* ]] && out+=("\"${entry#* }/v1\"")
   done
   local IFS=,
-  echo "${out[*]}"
+  echo "[${out[*]}]"
 }
 
 # Health check: every server answers GET /health with 200 before training starts.
@@ -401,10 +427,13 @@ driver_command() {
   if [[ -n $RISE_DRIVER_CMD ]]; then
     DRIVER=(bash -c "$RISE_DRIVER_CMD")
   else
-    DRIVER=("$RISE_PYTHON" -m rise_nemo.cli train --config "$RISE_RECIPE" "run.dir=$RUN_DIR")
+    local entry
+    read -r -a entry <<<"$RISE_ENTRY"
+    DRIVER=("$RISE_PYTHON" "${entry[@]}" --config "$RISE_RECIPE" "run.dir=$RUN_DIR")
+    [[ -n $RISE_NUM_NODES_KEY ]] && DRIVER+=("$RISE_NUM_NODES_KEY=$N_TRAIN")
     # The judge client talks to exactly the servers and model started here (user overrides win).
     if ((${#JUDGE_NODES[@]})); then
-      [[ -n $RISE_JUDGE_URLS_KEY ]] && DRIVER+=("$RISE_JUDGE_URLS_KEY=[$RISE_JUDGE_URLS]")
+      [[ -n $RISE_JUDGE_URLS_KEY ]] && DRIVER+=("$RISE_JUDGE_URLS_KEY=$RISE_JUDGE_URLS")
       [[ -n $RISE_JUDGE_MODEL_KEY ]] && DRIVER+=("$RISE_JUDGE_MODEL_KEY=$RISE_JUDGE_MODEL")
     fi
     DRIVER+=("${OVERRIDES[@]}")
@@ -413,14 +442,16 @@ driver_command() {
 
 run_driver() {
   local head=${TRAIN_NODES[0]} rc
-  export RISE_JUDGE_URLS RISE_TEACHER_URLS RISE_RUN_DIR=$RUN_DIR
+  export RISE_JUDGE_URLS RISE_TEACHER_URLS RISE_TEACHER_URL RISE_JUDGE_MODEL RISE_TEACHER_MODEL RISE_RUN_DIR=$RUN_DIR
   RISE_JUDGE_URLS=$(urls_of judge)
   RISE_TEACHER_URLS=$(urls_of teacher)
-  export RISE_TEACHER_URL=${RISE_TEACHER_URLS%%,*}
+  RISE_TEACHER_URL=${RISE_TEACHER_URLS#[}
+  RISE_TEACHER_URL=${RISE_TEACHER_URL%%[],]*}
+  RISE_TEACHER_URL=${RISE_TEACHER_URL//\"/}
   driver_command
   srun_prefix "$head" ray-head
   if is_dry; then
-    echo "[dry-run] env: RISE_RUN_DIR=$RUN_DIR RISE_JUDGE_URLS=$RISE_JUDGE_URLS RISE_TEACHER_URLS=$RISE_TEACHER_URLS RAY_ADDRESS=${RAY_ADDRESS:-}"
+    echo "[dry-run] env: RISE_RUN_DIR=$RUN_DIR RISE_JUDGE_URLS=$RISE_JUDGE_URLS RISE_JUDGE_MODEL=$RISE_JUDGE_MODEL RISE_TEACHER_URLS=$RISE_TEACHER_URLS RISE_TEACHER_URL=$RISE_TEACHER_URL RAY_ADDRESS=${RAY_ADDRESS:-}"
     echo "[dry-run] driver@$head: $(quote_cmd "${SRUN[@]}" "${DRIVER[@]}") >> $LOG_DIR/driver.log"
     return 0
   fi

@@ -1,6 +1,6 @@
 #!/bin/bash
 #SBATCH --job-name=opd_14b_teacher32b
-#SBATCH --nodes=4
+#SBATCH --nodes=3
 #SBATCH --gpus-per-node=8
 #SBATCH --ntasks-per-node=1
 #SBATCH --exclusive
@@ -9,18 +9,21 @@
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=slurm-%x-%j.out
-# On-policy distillation baseline: Qwen3-14B student, Qwen3-32B teacher (recipes/opd_14b_teacher32b.yaml).
-# NeMo-RL runs the teacher as a policy inside the Ray cluster (its distillation path), so all 4 nodes
-# join Ray and no judge node is needed for training. RISE_TEACHER_NODES=1 instead serves the teacher
-# with vLLM on the last node (URL in RISE_TEACHER_URL) for recipes that read it.
+# On-policy distillation baseline: Qwen3-14B student, Qwen3-32B teacher (recipes/opd_14b_teacher32b.yaml),
+# run by `python -m rise_nemo.backends.nemo.distill`. NeMo-RL runs the teacher as a policy inside the
+# Ray cluster (its distillation path), so nodes 0-1 are Ray training nodes (student + teacher) and the
+# last node serves the rubric judge used for evaluation (Qwen3-32B, 2 vLLM replicas of TP 4).
+# RISE_TEACHER_NODES=1 would instead serve a teacher with vLLM (RISE_TEACHER_URL) for recipes reading it.
 #   CONTAINER=/path/nemo-rl.sqsh sbatch slurm/opd_14b_teacher32b.sh
 RISE_RECIPE=${RISE_RECIPE:-recipes/opd_14b_teacher32b.yaml}
+RISE_ENTRY=${RISE_ENTRY:--m rise_nemo.backends.nemo.distill}
 RISE_USE_RAY=${RISE_USE_RAY:-1}
-RISE_JUDGE_NODES=${RISE_JUDGE_NODES:-0}
+RISE_JUDGE_NODES=${RISE_JUDGE_NODES:-1}
+RISE_JUDGE_MODEL=${RISE_JUDGE_MODEL:-Qwen/Qwen3-32B}
+RISE_JUDGE_TP=${RISE_JUDGE_TP:-4}
+RISE_JUDGE_SERVE_ARGS=${RISE_JUDGE_SERVE_ARGS:---gpu-memory-utilization 0.9 --max-model-len 16384}
 RISE_TEACHER_NODES=${RISE_TEACHER_NODES:-0}
-RISE_TEACHER_MODEL=${RISE_TEACHER_MODEL:-Qwen/Qwen3-32B}
-RISE_TEACHER_TP=${RISE_TEACHER_TP:-4}
-export GPUS_PER_NODE
+RISE_NUM_NODES_KEY=${RISE_NUM_NODES_KEY:-nemo.cluster.num_nodes}
 # Locate the checkout: sbatch runs a spool copy of this file, so ask Slurm for the submitted path.
 if [[ -f "$(dirname "${BASH_SOURCE[0]}")/launch.sh" ]]; then
   RISE_SBATCH_SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
@@ -30,5 +33,6 @@ else
 fi
 RISE_REPO=${RISE_REPO:-$(cd "$(dirname "$RISE_SBATCH_SCRIPT")/.." && pwd)}
 export RISE_SBATCH_SCRIPT RISE_REPO RISE_RECIPE RISE_USE_RAY RISE_LOOPBACK RISE_JUDGE_NODES RISE_JUDGE_MODEL \
-  RISE_JUDGE_TP RISE_TEACHER_NODES RISE_TEACHER_MODEL RISE_TEACHER_TP
+  RISE_JUDGE_TP RISE_JUDGE_SERVE_ARGS RISE_TEACHER_NODES RISE_TEACHER_MODEL RISE_TEACHER_TP RISE_ENTRY \
+  RISE_NUM_NODES_KEY
 exec bash "$RISE_REPO/slurm/launch.sh" "$@"

@@ -1,6 +1,6 @@
 #!/bin/bash
 #SBATCH --job-name=rise_14b
-#SBATCH --nodes=4
+#SBATCH --nodes=2
 #SBATCH --gpus-per-node=8
 #SBATCH --ntasks-per-node=1
 #SBATCH --exclusive
@@ -9,17 +9,21 @@
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=slurm-%x-%j.out
-# RISE-RL on Qwen3-14B (recipes/rise_14b.yaml, NeMo-RL backend): 3 training nodes (Ray head + driver on
-# node 0, Ray workers on nodes 1-2) and 1 judge node (gpt-oss-120b, 4 vLLM replicas of TP 2).
-#   CONTAINER=/path/nemo-rl.sqsh MOUNTS=/data:/data sbatch slurm/rise_14b.sh
-#   bash slurm/rise_14b.sh --dry-run            # print node roles and commands, start nothing
+# RISE-RL on Qwen3-14B (recipes/rise_14b.yaml, NeMo-RL backend), layout of the recipe's nemo.plan:
+# 1 training node (Ray head + driver; Megatron policy with colocated vLLM) and 1 judge node (Qwen3-32B,
+# 2 vLLM replicas of TP 4). More nodes (sbatch --nodes=N) add Ray workers: the launcher passes
+# nemo.cluster.num_nodes=N-1, so check the layout first with `rise-nemo plan ... --nodes N-1`.
+#   CONTAINER=/path/nemo-rl.sqsh MOUNTS=/data:/data RISE_TRAIN_DATA=/data/train.jsonl \
+#     RISE_EVAL_DATA=/data/eval.jsonl sbatch slurm/rise_14b.sh
+#   bash slurm/rise_14b.sh --dry-run [--nodes N]   # print node roles and commands, start nothing
 RISE_RECIPE=${RISE_RECIPE:-recipes/rise_14b.yaml}
 RISE_USE_RAY=${RISE_USE_RAY:-1}
 RISE_JUDGE_NODES=${RISE_JUDGE_NODES:-1}
-RISE_JUDGE_MODEL=${RISE_JUDGE_MODEL:-openai/gpt-oss-120b}
-RISE_JUDGE_TP=${RISE_JUDGE_TP:-2}
+RISE_JUDGE_MODEL=${RISE_JUDGE_MODEL:-Qwen/Qwen3-32B}
+RISE_JUDGE_TP=${RISE_JUDGE_TP:-4}
+RISE_JUDGE_SERVE_ARGS=${RISE_JUDGE_SERVE_ARGS:---gpu-memory-utilization 0.9 --max-model-len 16384}
 RISE_TEACHER_NODES=${RISE_TEACHER_NODES:-0}
-export GPUS_PER_NODE
+RISE_NUM_NODES_KEY=${RISE_NUM_NODES_KEY:-nemo.cluster.num_nodes}
 # Locate the checkout: sbatch runs a spool copy of this file, so ask Slurm for the submitted path.
 if [[ -f "$(dirname "${BASH_SOURCE[0]}")/launch.sh" ]]; then
   RISE_SBATCH_SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
@@ -29,5 +33,6 @@ else
 fi
 RISE_REPO=${RISE_REPO:-$(cd "$(dirname "$RISE_SBATCH_SCRIPT")/.." && pwd)}
 export RISE_SBATCH_SCRIPT RISE_REPO RISE_RECIPE RISE_USE_RAY RISE_LOOPBACK RISE_JUDGE_NODES RISE_JUDGE_MODEL \
-  RISE_JUDGE_TP RISE_TEACHER_NODES RISE_TEACHER_MODEL RISE_TEACHER_TP
+  RISE_JUDGE_TP RISE_JUDGE_SERVE_ARGS RISE_TEACHER_NODES RISE_TEACHER_MODEL RISE_TEACHER_TP RISE_ENTRY \
+  RISE_NUM_NODES_KEY
 exec bash "$RISE_REPO/slurm/launch.sh" "$@"

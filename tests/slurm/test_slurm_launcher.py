@@ -52,28 +52,53 @@ def test_dry_run_rise_14b_on_four_nodes_lists_roles_and_commands():
     res = dry_run("rise_14b.sh", "--nodes", "4", "train.steps=7")
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    roles = dict(re.findall(r"node \d (node-\d) \S+: (\S+)", out))
+    roles = dict(re.findall(r"node \d (node-\d) \S+: (.+)$", out, re.M))
     assert roles == {"node-0": "ray-head+driver", "node-1": "ray-worker", "node-2": "ray-worker",
-                     "node-3": "judge(openai/gpt-oss-120b"}, out
+                     "node-3": "judge(Qwen/Qwen3-32B TP=4)"}, out
     assert len(re.findall(r"\[dry-run\] ray-head@node-0: srun .* start --head --node-ip-address=", out)) == 1
     workers = re.findall(r"\[dry-run\] ray-worker-(\d)@(node-\d): srun .* start --address=\\<ip-of-node-0\\>:6379", out)
     assert workers == [("1", "node-1"), ("2", "node-2")], out
-    # 8 GPUs / TP 2 = 4 judge replicas on the last node, on their own GPU slices and ports below 32768,
+    assert "until 3 alive Ray nodes" in out
+    # 8 GPUs / TP 4 = 2 judge replicas on the last node, on their own GPU slices and ports below 32768,
     # bound to the node's cluster address.
     judges = re.findall(r"\[dry-run\] judge-(\d)@node-3: srun .*HOST=\\<ip-of-node-3\\>\\ PORT=(\d+).*"
-                        r"CUDA_VISIBLE_DEVICES=([\d\\,]+).*vllm\\ serve", out)
-    assert [(r, p, g.replace("\\", "")) for r, p, g in judges] == [
-        ("0", "8000", "0,1"), ("1", "8001", "2,3"), ("2", "8002", "4,5"), ("3", "8003", "6,7")], out
-    assert out.count("health-check: curl") == 4
-    urls = ",".join(f"http://<ip-of-node-3>:{p}/v1" for p in range(8000, 8004))
-    assert f"RISE_JUDGE_URLS={urls}" in out
+                        r"CUDA_VISIBLE_DEVICES=([\d\\,]+).*vllm\\ serve.*--max-model-len", out)
+    assert [(r, p, g.replace("\\", "")) for r, p, g in judges] == [("0", "8000", "0,1,2,3"), ("1", "8001", "4,5,6,7")], out
+    assert out.count("health-check: curl") == 2
+    urls = '["http://<ip-of-node-3>:8000/v1","http://<ip-of-node-3>:8001/v1"]'
+    assert f"RISE_JUDGE_URLS={urls} RISE_JUDGE_MODEL=Qwen/Qwen3-32B" in out
     driver = [line for line in out.splitlines() if line.startswith("[dry-run] driver@node-0:")]
     assert len(driver) == 1
     assert "-m rise_nemo.cli train --config recipes/rise_14b.yaml run.dir=" in driver[0]
-    assert "judge.model=openai/gpt-oss-120b" in driver[0] and driver[0].count("train.steps=7") == 1
+    # The trainer is told the allocation's training nodes and exactly the judge that was started.
+    assert "nemo.cluster.num_nodes=3 " in driver[0] and "judge.model=Qwen/Qwen3-32B" in driver[0]
+    assert driver[0].count("train.steps=7") == 1
     assert "dry run: nothing was started" in out
     # Nothing started, nothing written.
     assert not (REPO_ROOT / "runs" / "rise_14b-dryrun").exists()
+
+
+def test_sbatch_scripts_match_their_recipes_plan():
+    """Node count, judge nodes, judge model and TP of each GPU script agree with the recipe's nemo.plan."""
+    from rise_nemo.config.loader import load_recipe_tree
+
+    checked = 0
+    for script in RECIPE_SCRIPTS:
+        res = dry_run(script.name)
+        recipe = re.search(r"recipe=(\S+)", res.stdout)[1]
+        plan = load_recipe_tree(REPO_ROOT / recipe).get("nemo", {}).get("plan")
+        if plan is None:
+            continue
+        checked += 1
+        roles = re.findall(r"node \d+ node-\d+ \S+: (.+)$", res.stdout, re.M)
+        assert len(roles) == plan["nodes"], (script.name, roles)
+        judge = plan.get("judge") or {"nodes": 0}
+        judge_roles = [r for r in roles if r.startswith("judge(")]
+        assert len(judge_roles) == judge["nodes"], (script.name, roles)
+        if judge["nodes"]:
+            assert judge_roles[0] == f"judge({judge['model']} TP={judge['tensor_parallel_size']})", script.name
+            assert f"--max-model-len {judge['max_model_len']}" in res.stdout.replace("\\ ", " ")
+    assert checked >= 4
 
 
 @pytest.mark.parametrize("script", [p.name for p in RECIPE_SCRIPTS])
@@ -147,7 +172,7 @@ def wait(pred, timeout):
 
 ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR")
 nodes = [n for n in ray.nodes() if n["Alive"]]
-urls = os.environ["RISE_JUDGE_URLS"].split(",")
+urls = json.loads(os.environ["RISE_JUDGE_URLS"])
 report = {"ray_address": os.environ["RAY_ADDRESS"], "ray_nodes": len(nodes),
           "ray_node_ip": nodes[0]["NodeManagerAddress"], "urls": urls,
           "healthy_at_start": all(healthy(u) for u in urls)}
@@ -202,3 +227,6 @@ def test_ray_cluster_and_supervised_judge_server_on_loopback(slurm, tmp_path):
     assert "all 1 server(s) healthy" in launcher_log
     assert re.search(r"judge-\S+ on \S+ exited \(rc=\d+\): restart 1/5", launcher_log), launcher_log
     assert "Ray nodes alive: 1/1" in launcher_log
+    # Ray's RPC token is per run (shared by every node through the run directory), readable by us only.
+    token = logs / "ray_auth_token"
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
