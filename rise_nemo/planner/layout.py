@@ -250,6 +250,14 @@ def _policy_layout(tree, prefix_key: str, model: ModelShape, world: int) -> Poli
     )
 
 
+def nodes_from_cluster(tree: Mapping[str, Any]) -> int:
+    """Total nodes implied by ``nemo.cluster.num_nodes`` (training) + dedicated generation + judge nodes: what a
+    launched run actually has (a launcher may override cluster.num_nodes to the allocation's size)."""
+    colocated = bool(get(tree, "nemo.policy.generation.colocated.enabled", True, bool))
+    gen = 0 if colocated else get(tree, "nemo.policy.generation.colocated.resources.num_nodes", typ=int)
+    return get(tree, "nemo.cluster.num_nodes", typ=int) + gen + get(tree, "nemo.plan.judge.nodes", 0, int)
+
+
 def read_layout(tree: Mapping[str, Any], resolve_model, nodes: int | None, gpus_per_node: int | None) -> RecipeLayout:
     """Build the layout from the recipe tree; ``nodes``/``gpus_per_node`` override the recipe's own.
 

@@ -48,11 +48,13 @@ def run_dir_of(recipe: Mapping[str, Any]) -> str:
 
 
 def check_recipe(recipe: Mapping[str, Any]) -> None:
-    """Everything that can be checked without NeMo-RL: the block itself and `rise-nemo plan`'s checks."""
+    """Everything that can be checked without NeMo-RL: the block itself and `rise-nemo plan`'s checks, at the
+    size the run actually has (``nemo.cluster.num_nodes``, which a Slurm launcher sets to its allocation)."""
     from rise_nemo.planner import format_report, plan_recipe
+    from rise_nemo.planner.layout import nodes_from_cluster
 
     validate_nemo_block(recipe)
-    report = plan_recipe(recipe)
+    report = plan_recipe(recipe, nodes=nodes_from_cluster(recipe))
     if not report.ok:
         raise NemoConfigError("recipe cannot run as laid out:\n" + format_report(report))
 
