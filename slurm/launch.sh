@@ -211,7 +211,9 @@ srun_prefix() {
   SRUN=(srun --overlap --nodes=1 --ntasks=1 -w "$node" --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}"
     --kill-on-bad-exit=0 "${GRES_ARG[@]}")
   if [[ -n $CONTAINER ]]; then
-    local mounts="$RISE_REPO:$RISE_REPO,$RUN_DIR:$RUN_DIR"
+    # The checkout and the run directory appear at the same paths inside the container.
+    local mounts="$RISE_REPO:$RISE_REPO"
+    [[ $RUN_DIR == "$RISE_REPO"/* ]] || mounts+=",$RUN_DIR:$RUN_DIR"
     [[ -n $MOUNTS ]] && mounts="$MOUNTS,$mounts"
     SRUN+=(--container-image="$CONTAINER" --container-mounts="$mounts" --container-workdir="$RISE_REPO"
       --no-container-mount-home --container-name="rise-$name")

@@ -230,3 +230,20 @@ def test_ray_cluster_and_supervised_judge_server_on_loopback(slurm, tmp_path):
     # Ray's RPC token is per run (shared by every node through the run directory), readable by us only.
     token = logs / "ray_auth_token"
     assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
+
+
+def test_dry_run_in_container_mode_follows_ray_sub_conventions(tmp_path):
+    run_dir = tmp_path / "run"
+    res = dry_run("rise_14b.sh", env={"CONTAINER": "/images/nemo-rl.sqsh", "MOUNTS": "/data:/data",
+                                      "RISE_RUN_DIR": str(run_dir)})
+    assert res.returncode == 0, res.stderr
+    steps = [line for line in res.stdout.splitlines() if line.startswith("[dry-run] ") and ": srun " in line]
+    assert len(steps) == 5  # 2 judge replicas, Ray head, Ray probe, driver
+    mounts = f"--container-mounts=/data:/data\\,{REPO_ROOT}:{REPO_ROOT}\\,{run_dir}:{run_dir}"
+    for line in steps:
+        assert "--container-image=/images/nemo-rl.sqsh" in line and mounts in line, line
+        assert f"--container-workdir={REPO_ROOT}" in line and "--no-container-mount-home" in line
+    # The driver runs in the Ray head's container, with the container's python.
+    driver = next(line for line in steps if line.startswith("[dry-run] driver@"))
+    assert "--container-name=rise-ray-head python -m rise_nemo.cli train" in driver
+    assert not run_dir.exists()
