@@ -271,3 +271,33 @@ def test_rubric_environment_inside_nemo_rollout(tmp_path):
         assert metrics  # NeMo-RL computed its rollout metrics over our rewards
     finally:
         ray.shutdown()
+
+
+@pytest.mark.parametrize("name", ["rise_4b.yaml", "rise_14b.yaml", "ruscarl_14b.yaml", "opd_14b_teacher32b.yaml",
+                                  "opd_4b_teacher14b.yaml"])
+def test_recipes_pass_nemo_rl_master_config(name, tmp_path, monkeypatch):
+    """Every recipe's nemo: block merged over its NeMo-RL example config is accepted by NeMo-RL's own
+    MasterConfig (GRPO or distillation) and keeps the recipe's layout."""
+    from nemo_rl.algorithms import distillation, grpo
+
+    from rise_nemo.backends.nemo import plain_recipe
+    from rise_nemo.backends.nemo.config import algorithm, build_master_config
+    from rise_nemo.config.loader import load_config
+
+    nemo_dir = Path(nemo_rl.__file__).resolve().parents[1]
+    if not (nemo_dir / "examples" / "configs").exists():
+        pytest.skip("NeMo-RL example configs not found next to nemo_rl")
+    monkeypatch.setenv("NEMO_RL_DIR", str(nemo_dir))
+    recipe = plain_recipe(load_config(REPO / "recipes" / name))
+    tree = build_master_config(recipe, str(tmp_path))
+    cls = distillation.MasterConfig if algorithm(recipe) == "distillation" else grpo.MasterConfig
+    master = cls(**tree)
+    mc = master.policy["megatron_cfg"]
+    want = recipe["nemo"]["policy"]["megatron_cfg"]
+    assert (mc["tensor_model_parallel_size"], mc["pipeline_model_parallel_size"], mc["sequence_parallel"]) == (
+        want["tensor_model_parallel_size"], want["pipeline_model_parallel_size"], want["sequence_parallel"])
+    assert master.policy["generation"]["max_new_tokens"] == recipe["grpo"]["max_new_tokens"]
+    assert master.cluster["num_nodes"] == recipe["nemo"]["cluster"]["num_nodes"]
+    if algorithm(recipe) == "distillation":
+        assert master.teacher["megatron_cfg"]["tensor_model_parallel_size"] == (
+            recipe["nemo"]["teacher"]["megatron_cfg"]["tensor_model_parallel_size"])

@@ -101,6 +101,8 @@ def _broken(name: str, mutate) -> dict:
     (lambda t: t["nemo"]["policy"].__delitem__("model_name"), "nemo.policy.model_name is missing"),
     (lambda t: t["nemo"]["policy"]["generation"].__setitem__("backend", "sglang"), "vllm only"),
     (lambda t: t.__setitem__("nemo", {}), "recipe key nemo: missing or empty"),
+    (lambda t: t["nemo"]["policy"]["generation"]["vllm_cfg"].__setitem__("kv_cache_dtype", "fp8"),
+     "kv_cache_dtype: fp8 KV cache is not supported"),
 ])
 def test_broken_nemo_block_fails_with_the_key(mutate, fragment):
     with pytest.raises(NemoConfigError, match=fragment.replace(".", r"\.").replace("(", r"\(")):
