@@ -40,11 +40,33 @@ ONE_GPU = [
     "nemo.policy.generation.vllm_cfg.gpu_memory_utilization=0.4",
     "grpo.prompts_per_step=4", "grpo.group_size=4", "grpo.max_new_tokens=256", "rise.privileged_group_size=4",
     "rise.lambda_guide=0.05", "rise.schedule.mode=fixed", "rise.schedule.switch_step=100", "reward.overlong_buffer=0",
-    "data.source=persistent", "judge={type: rule}", "train.steps=3", "train.checkpoint_every=0",
+    "judge={type: rule}", "train.steps=3", "train.checkpoint_every=0",
     "train.progress=false", "train.tensorboard=false", "eval.every=0", "eval.at_start=false", "eval.max_prompts=2",
 ]
 BF16 = ["nemo.policy.megatron_cfg.fp8_cfg.enabled=false", "nemo.policy.generation.vllm_cfg.precision=bfloat16",
         "nemo.adapter.importance_sampling=none"]
+
+
+TOPICS = ("a river", "a forest", "the moon", "a harbor", "a desert", "a glacier", "a market", "a library")
+
+
+def write_prompts(path: Path, offset: int, n: int) -> str:
+    """Rule-judged rubric prompts (keyword and length checks) in rise_nemo's JSONL format. A small instruct
+    model meets some criteria unprompted and more when hinted, so rewards vary and guidance can help."""
+    with open(path, "w") as fh:
+        for i in range(offset, offset + n):
+            topic = TOPICS[i % len(TOPICS)]
+            fh.write(json.dumps({
+                "prompt_id": f"f{i}",
+                "messages": [{"role": "user", "content": f"Write a short paragraph about {topic}."}],
+                "rubric": [
+                    {"criterion": "Mentions the colour blue", "points": 3, "check": {"kind": "contains", "value": "blue"}},
+                    {"criterion": "Mentions the word quiet", "points": 2, "check": {"kind": "contains", "value": "quiet"}},
+                    {"criterion": "Uses at least 40 words", "points": 1, "check": {"kind": "min_words", "value": "40"}},
+                    {"criterion": "Apologises", "points": -2, "check": {"kind": "contains", "value": "sorry"}},
+                ],
+            }) + "\n")
+    return str(path)
 
 
 @pytest.mark.parametrize("precision, extra, max_gap", [("bf16", BF16, 0.05), ("fp8", [], 0.2)])
@@ -53,7 +75,9 @@ def test_three_rise_steps(tmp_path, precision, extra, max_gap):
     from rise_nemo.orchestration.run import build_trainer
 
     run_dir = tmp_path / precision
-    cfg = load_config(REPO / "recipes" / "rise_4b.yaml", [*ONE_GPU, *extra, f"run.dir={run_dir}"])
+    data = [f"data.train_path={write_prompts(tmp_path / 'train.jsonl', 0, 16)}",
+            f"data.eval_path={write_prompts(tmp_path / 'eval.jsonl', 16, 4)}"]
+    cfg = load_config(REPO / "recipes" / "rise_4b.yaml", [*ONE_GPU, *extra, *data, f"run.dir={run_dir}"])
     trainer = build_trainer(cfg)
     assert trainer.run() == 0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
