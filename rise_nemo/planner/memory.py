@@ -84,7 +84,10 @@ def training_terms(tree: Mapping[str, Any], layout: PolicyLayout, prefix: str = 
     tokens = seq * mbs / cp
     layers_per_stage = -(-m.layers // pp)
     per_layer = activation_bytes_per_token_layer(m, tp, layout.sequence_parallel)
-    recompute = bool(get(tree, f"{mcfg}.activation_checkpointing", False, bool))
+    # Selective recompute re-runs only core attention, which flash attention already does not store: it
+    # saves nothing here, so only granularity "full" counts as recompute.
+    recompute = bool(get(tree, f"{mcfg}.activation_checkpointing", False, bool)) and (
+        get(tree, f"{mcfg}.recompute_granularity", "full", str) == "full")
     if recompute:
         kept = 2.0 * m.hidden / (tp if layout.sequence_parallel else 1)  # each layer's input only
         act_one_mb = tokens * (layers_per_stage * kept + per_layer)

@@ -120,6 +120,8 @@ def test_memory_overflow_names_largest_term():
         return next(t.gib for t in r.terms if t.label.startswith("activations"))
 
     assert activations(recomputed) < activations(report) / 10  # 36 layers kept as inputs + 1 full layer
+    tree["nemo"]["policy"]["megatron_cfg"]["recompute_granularity"] = "selective"  # flash attn: no saving
+    assert activations(plan_recipe(tree)) == pytest.approx(activations(report))
 
 
 def test_memory_terms_scale_as_documented():
