@@ -16,7 +16,8 @@ Byte counts (per parameter on a rank, after dividing the stage's parameters by T
   4 h (norm inputs, residual stream; divided by TP only with sequence parallel) + 2 h_q + 2 kv + 3 ffn
   (q/k/v, attention output, gate/up/SwiGLU outputs; divided by TP). Full recompute keeps only each layer's
   h-input plus one layer's full set. The first pipeline stage holds min(PP, micro-batches) micro-batches in
-  flight (1F1B). Tokens per micro-batch = max_total_sequence_length x micro-batch size, divided by CP.
+  flight (1F1B). Tokens per micro-batch = max_total_sequence_length x micro-batch size (with sequence
+  packing: train_mb_tokens), divided by CP.
 - logits on the last stage: fp32 logits and their gradient, tokens x vocab / TP x 8 B.
 These are estimates for planning, not measurements; the README says how they compare with NeMo-RL's own
 memory tracker on a real run when one is available.
@@ -81,7 +82,11 @@ def training_terms(tree: Mapping[str, Any], layout: PolicyLayout, prefix: str = 
 
     seq = get(tree, f"{prefix}.max_total_sequence_length", typ=int)
     mbs = get(tree, f"{prefix}.train_micro_batch_size", 1, int)
-    tokens = seq * mbs / cp
+    if get(tree, f"{prefix}.sequence_packing.enabled", False, bool):
+        # packed micro-batches hold up to train_mb_tokens tokens, whatever the micro-batch size says
+        tokens = get(tree, f"{prefix}.sequence_packing.train_mb_tokens", seq * mbs, int) / cp
+    else:
+        tokens = seq * mbs / cp
     layers_per_stage = -(-m.layers // pp)
     per_layer = activation_bytes_per_token_layer(m, tp, layout.sequence_parallel)
     # Selective recompute re-runs only core attention, which flash attention already does not store: it
