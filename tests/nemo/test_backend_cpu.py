@@ -24,7 +24,7 @@ from rise_nemo.backends.nemo.batch import (  # noqa: E402
     to_nemo_train_batch,
     use_behaviour_logprobs,
 )
-from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession  # noqa: E402
+from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession, final_answer  # noqa: E402
 from rise_nemo.config import config_from_dict  # noqa: E402
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL, SamplingParams  # noqa: E402
 from rise_nemo.judges import build_judge  # noqa: E402
@@ -239,3 +239,8 @@ def test_other_methods_run_one_step(tmp_path, method, kl):
     assert ("policy.get_reference_policy_logprobs" in events) == (kl > 0)
     if kl > 0:
         assert "reference_policy_logprobs" in data
+
+
+def test_judge_sees_the_answer_not_the_reasoning():
+    assert final_answer("<think>\nplan: mention alpha\n</think>\n\nbeta gamma") == "beta gamma"
+    assert final_answer("no reasoning block") == "no reasoning block"
