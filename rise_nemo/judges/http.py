@@ -193,6 +193,7 @@ class HttpJudge:
 
     async def ajudge(self, requests: Sequence[JudgeRequest]) -> list[list[Verdict]]:
         """Coroutine form of ``judge``; must run on this judge's loop (``judge`` does that for you)."""
+        _check_requests(requests)
         client = self._get_client()
         started, calls_before, hits_before = time.monotonic(), client.counters.calls, self._cache_hits
         verdicts: list[list[Verdict]] = [[None] * len(r.rubric.criteria) for r in requests]
@@ -360,6 +361,17 @@ class HttpJudge:
         loop.stop()
         if cache is not None:
             cache.close()
+
+
+def _check_requests(requests: Sequence[JudgeRequest]) -> None:
+    """Fail before any call, naming the request, rather than deep inside a concurrent task."""
+    for i, req in enumerate(requests):
+        where = f"judge request {i} (prompt_id {req.prompt_id!r})"
+        if not isinstance(req.response, str):
+            raise ValueError(f"{where}: response must be a string, got {type(req.response).__name__}")
+        for j, msg in enumerate(req.conversation):
+            if not isinstance(msg, Mapping) or not isinstance(msg.get("role"), str) or not isinstance(msg.get("content"), str):
+                raise ValueError(f"{where}: conversation message {j} needs string 'role' and 'content', got {msg!r}")
 
 
 def _progress(total: int, enabled: bool):

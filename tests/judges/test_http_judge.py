@@ -50,6 +50,15 @@ def test_empty_inputs(server):
         assert judge.stats.calls == 0
 
 
+def test_bad_request_names_it(server):
+    good = small_requests()[0]
+    bad = JudgeRequest([{"role": "user"}], "text", good.rubric, prompt_id="hb-7")
+    with make_judge(server.url, "batched") as judge:
+        with pytest.raises(ValueError, match=r"judge request 1 \(prompt_id 'hb-7'\): conversation message 0"):
+            judge.judge([good, bad])
+        assert judge.stats.calls == 0
+
+
 def test_small_example_by_hand(server):
     with make_judge(server.url, "batched", batch_size=2) as judge:
         got = judge.judge(small_requests())
