@@ -205,9 +205,8 @@ class ChatClient:
                     result = _Attempt(kind="parse", reason=str(exc))
                     self.counters.parse_errors += 1
                 else:
-                    if result.kind == "":
-                        ep.down_until = 0.0
-                        return value
+                    ep.down_until = 0.0
+                    return value
             self._record_failure(ep, result)
             if result.kind == "fatal":
                 raise JudgeError(self.redact(f"judge endpoint {ep.base_url}: {result.reason}"))

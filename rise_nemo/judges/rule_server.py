@@ -69,10 +69,11 @@ def _field(prompt: str, name: str) -> re.Match | None:
 def grade_prompt(prompt: str) -> tuple[str, list[bool]]:
     """(mode, verdicts) for one of our judge prompts, read naively; ValueError if it is not one."""
     response = _field(prompt, "RESPONSE")
-    criteria = _field(prompt, "CRITERIA") or _field(prompt, "CRITERION")
+    batched = _field(prompt, "CRITERIA")
+    criteria = batched or _field(prompt, "CRITERION")
     if response is None or criteria is None:
         raise ValueError("prompt has no RESPONSE/CRITERIA fields")
-    mode = "batched" if criteria.re.pattern.startswith("<<<BEGIN CRITERIA") else "per_criterion"
+    mode = "batched" if batched is not None else "per_criterion"
     texts = []
     for line in criteria.group(1).splitlines():
         m = _CRIT_LINE.match(line)
