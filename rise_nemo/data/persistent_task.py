@@ -54,7 +54,7 @@ from rise_nemo.core.rubric import Criterion, MachineCheck, Rubric, RubricPrompt
 from rise_nemo.interfaces import JudgeRequest, SamplingParams
 
 # Bump when the generated data or the warm-start recipe changes: invalidates every cached warm start.
-TASK_VERSION = "persistent-task-v1"
+TASK_VERSION = "persistent-task-v3"
 
 TAG_BASE, TAG_PERSISTENT, TAG_NEGATIVE = "base", "persistent", "negative"
 
@@ -124,7 +124,7 @@ class PersistentBehaviour:
 PERSISTENT_POOL: tuple[PersistentBehaviour, ...] = (
     PersistentBehaviour("first_step", "Gives a clear first step", MachineCheck("regex", r"\bfirst step\b"),
                         "first step : {action} ."),
-    PersistentBehaviour("minutes", "Says how many minutes a day to spend", MachineCheck("regex", r"\b\d+ minutes\b"),
+    PersistentBehaviour("minutes", "Says how many minutes a day to spend", MachineCheck("regex", r"\b\d+ minutes a day\b"),
                         "spend {minutes} minutes a day on {topic} ."),
     PersistentBehaviour("expert", "Suggests to ask an expert when unsure", MachineCheck("contains", "ask an expert"),
                         "if unsure , ask an expert about {topic} ."),
@@ -132,7 +132,8 @@ PERSISTENT_POOL: tuple[PersistentBehaviour, ...] = (
                         "safety warning : {risk} ."),
     PersistentBehaviour("mistake", "Points out a common mistake", MachineCheck("contains", "common mistake"),
                         "a common mistake is {mistake} ."),
-    PersistentBehaviour("summary", "Closes with an in short summary", MachineCheck("regex", r"\bin short\b"),
+    PersistentBehaviour("summary", "Closes with an in short summary",
+                        MachineCheck("regex", r"\bin short\b[^.]*\.$"),  # the last sentence
                         "in short , {topic} gets easier with practice ."),
 )
 POOL_INDEX = {b.name: i for i, b in enumerate(PERSISTENT_POOL)}
@@ -338,9 +339,9 @@ def make_example(task: PersistentTask, prompt: RubricPrompt, hinted: bool, rng: 
 class WarmStartConfig:
     """Supervised warm start. Keys of the ``cfg`` mapping given to ``warm_start`` (unknown keys raise)."""
 
-    steps: int = 300
+    steps: int = 400
     batch_size: int = 32
-    lr: float = 3e-3
+    lr: float = 6e-3  # peak; decays linearly to 10% (see _lr_scale)
     hinted_fraction: float = 0.5
     unprompted_rate: float = 0.015  # per pool behaviour, in unhinted targets
     natural_negative_rate: float = 0.03  # "guaranteed" in unhinted targets
@@ -460,7 +461,8 @@ def warm_start(policy, generator, task: PersistentTask, cfg: Mapping | WarmStart
     bar = tqdm(range(wcfg.steps), desc="warm start", disable=not progress, mininterval=1.0)
     loss = float("nan")
     try:
-        for _ in bar:
+        for step in bar:
+            _set_lr(policy, wcfg.lr * _lr_scale(step, wcfg.steps))
             examples = [make_example(task, rng.choice(task.warmup), rng.random() < wcfg.hinted_fraction, rng, wcfg)
                         for _ in range(wcfg.batch_size)]
             loss = policy.train(_sft_batch(examples, generator), sft_loss)["sft/nll"]
@@ -477,6 +479,17 @@ def warm_start(policy, generator, task: PersistentTask, cfg: Mapping | WarmStart
         stats.cache_path = str(cache)
     print(stats.summary())
     return stats
+
+
+def _lr_scale(step: int, steps: int) -> float:
+    """Linear decay from 1 to 0.1 over the warm start: a noisy constant-lr end blurs rare-vs-hinted
+    behaviour, a decayed one settles it."""
+    return 1.0 - 0.9 * step / max(steps - 1, 1)
+
+
+def _set_lr(policy, lr: float) -> None:
+    for group in policy.optimizer.param_groups:
+        group["lr"] = lr
 
 
 def _save_cache(cache: Path, policy, stats: WarmStartStats) -> None:

@@ -111,7 +111,7 @@ def test_warm_start_config_rejects_unknown_keys():
 
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory):
-    """One default warm start of a tiny Qwen3 (about 20-30 s on one thread), cached in a temp dir."""
+    """One default warm start of a tiny Qwen3 (400 steps, 30-70 s on one shared thread), cached in a temp dir."""
     cache = tmp_path_factory.mktemp("warm_cache")
     task = make_persistent_task(seed=0)
     cfg = {"tokenizer": "builtin:persistent_task", "tiny": TINY, "seed": 0, "lr": 1e-5}
@@ -154,3 +154,20 @@ def test_warm_start_cache_is_reused(warm):
     assert _cache_key(other, fresh, WarmStartConfig()) != _cache_key(task, fresh, WarmStartConfig())
     assert _cache_key(task, fresh, WarmStartConfig(steps=10)) != _cache_key(task, fresh, WarmStartConfig())
     assert len([p for p in cache.iterdir() if p.name.startswith("warm_")]) == 1
+
+
+def test_each_behaviour_meets_exactly_its_own_check():
+    """Responses built with one pool behaviour meet that behaviour's criterion and no other one, on every
+    topic (the checks are exact, so coverage numbers mean what the criterion text says)."""
+    from rise_nemo.core.rubric import Criterion, Rubric
+    from rise_nemo.data.persistent_task import PERSISTENT_POOL, _response_text
+
+    pool_rubric = Rubric(tuple(Criterion(b.criterion, 1.0, check=b.check) for b in PERSISTENT_POOL))
+    judge = RuleJudge()
+    task = make_persistent_task(seed=0)
+    rng = random.Random(0)
+    for p in task.heldout:
+        for k, b in enumerate(PERSISTENT_POOL):
+            text = _response_text(p, [b.name], guaranteed=True, rng=rng)
+            verdicts = judge.judge([JudgeRequest(p.messages, text, pool_rubric, p.prompt_id)])[0]
+            assert verdicts == [j == k for j in range(len(PERSISTENT_POOL))], (b.name, text)

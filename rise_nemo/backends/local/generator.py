@@ -73,6 +73,8 @@ class LocalGenerator:
 
     def generate(self, prompts: Sequence[Conversation], n: int, params: SamplingParams) -> list[list[Rollout]]:
         _check_params(params, n)
+        if not prompts:
+            return []
         rng = self.engine.rng
         if params.seed is not None:
             rng = torch.Generator(device=self.engine.device)
