@@ -32,8 +32,14 @@ Usage::
 
     task = make_persistent_task(seed=0)
     policy, generator = rise_nemo.backends.local.build({"tokenizer": "builtin:persistent_task", ...})
-    stats = warm_start(policy, generator, task, {"steps": 300}, cache_dir=".cache/warm_start")
+    stats = warm_start(policy, generator, task, {}, cache_dir=".cache/warm_start")  # WarmStartConfig keys
     print(stats.unprompted_rate, stats.hinted_rate)
+    task.persistent_criterion_ids[prompt.prompt_id]   # rubric indices, for coverage tables
+
+Measured with the defaults (tiny Qwen3 h64/2 layers, 400 steps, task seeds 0/1/2): persistent criteria
+met unprompted 1.56/1.48/1.33% of (sample, criterion) pairs, hinted 98.4/98.8/97.0%, base criteria
+99.7/99.4/99.5%, "guaranteed" in 4.1/4.2/2.7% of natural and 21.2/14.8/21.7% of hinted samples
+(80 prompts x 8 samples each); 40-70 s on one shared CPU thread.
 """
 
 from __future__ import annotations
