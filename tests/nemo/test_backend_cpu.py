@@ -244,3 +244,16 @@ def test_other_methods_run_one_step(tmp_path, method, kl):
 def test_judge_sees_the_answer_not_the_reasoning():
     assert final_answer("<think>\nplan: mention alpha\n</think>\n\nbeta gamma") == "beta gamma"
     assert final_answer("no reasoning block") == "no reasoning block"
+
+
+def test_nemo_dataset_is_padded_to_one_batch_and_carries_the_rubric():
+    from rise_nemo.backends.nemo import nemo_dataset
+    from rise_nemo.backends.nemo.environment import rubric_from_metadata
+
+    _, generator, *_ = make_backend()
+    prompts = make_prompts(3)
+    data = nemo_dataset(prompts, generator.encode_prompt, min_size=8)
+    assert len(data) == 8 and [d["idx"] for d in data] == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert data[0]["message_log"][0]["token_ids"].tolist() == generator.encode_prompt(list(prompts[0].messages))
+    assert rubric_from_metadata(data[1]["extra_env_info"]) == prompts[1].rubric
+    assert data[2]["extra_env_info"]["conversation"] == [dict(m) for m in prompts[2].messages]

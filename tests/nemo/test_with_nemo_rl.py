@@ -217,6 +217,7 @@ def test_build_and_rise_loop_on_mocked_nemo_rl(tmp_path, monkeypatch):
     assert master.loss_fn.reference_policy_kl_penalty == 0.0
     assert master.policy["megatron_cfg"]["fp8_cfg"]["fp8_recipe"] == "blockwise"
     assert len(seen["dataset"]) == 4 and seen["dataset"][0]["task_name"] == "rubric"
+    assert master.grpo["max_num_steps"] == 2 and master.grpo["max_num_epochs"] == 2  # scheduler = train.steps
 
     train_prompts, eval_prompts = load_prompts(cfg)
     trainer = Trainer(cfg, policy_if, generator_if, build_judge(cfg.judge), train_prompts, eval_prompts,

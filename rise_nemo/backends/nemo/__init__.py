@@ -65,6 +65,19 @@ def encode_chat(tokenizer: Any, messages: list[dict], chat_template_kwargs: Mapp
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def nemo_dataset(prompts, encode, min_size: int) -> list[dict[str, Any]]:
+    """NeMo-RL datums for grpo.setup()'s dataloader (drop_last batches of prompts_per_step): repeated up to
+    one full batch so a small prompt set still gives NeMo-RL a non-empty epoch."""
+    from rise_nemo.backends.nemo.environment import rubric_datum
+
+    if not prompts:
+        raise NemoConfigError("recipe key data.train_path: no training prompts")
+    datums = [rubric_datum(p, encode, i) for i, p in enumerate(prompts)]
+    while len(datums) < min_size:
+        datums += datums[: min_size - len(datums)]
+    return datums
+
+
 def _policy_with_resume(policy_cls: Any, resume_dir: Path | None, **kwargs: Any) -> Any:
     """``policy_factory`` for grpo.setup(): NeMo-RL loads weights/optimizer only when the Policy is built,
     so resuming from rise_nemo's own checkpoint (runs/<name>/checkpoints/step_N/policy) happens here."""
@@ -96,7 +109,6 @@ def build(cfg: Any):
     from nemo_rl.models.generation import configure_generation_config
     from nemo_rl.models.policy.lm_policy import Policy
 
-    from rise_nemo.backends.nemo.environment import rubric_datum
     from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession
     from rise_nemo.orchestration.checkpoint import latest_checkpoint
     from rise_nemo.orchestration.data import load_prompts
@@ -110,8 +122,8 @@ def build(cfg: Any):
     # grpo.setup() builds a dataloader; rise_nemo samples its own prompts, but giving setup the real
     # training set keeps NeMo-RL's bookkeeping (sizes, logs) truthful.
     train_prompts, _ = load_prompts(cfg)
-    dataset = [rubric_datum(p, partial(encode_chat, tokenizer, chat_template_kwargs=chat_kwargs), i)
-               for i, p in enumerate(train_prompts)]
+    dataset = nemo_dataset(train_prompts, partial(encode_chat, tokenizer, chat_template_kwargs=chat_kwargs),
+                           int(recipe["grpo"]["prompts_per_step"]))
     latest = latest_checkpoint(run_dir)
     resume = latest / "policy" if latest is not None and (latest / "policy" / "weights").exists() else None
     out = grpo.setup(master, tokenizer, dataset, None, policy_factory=partial(_policy_with_resume, Policy, resume))

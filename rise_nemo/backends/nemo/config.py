@@ -38,6 +38,7 @@ DERIVED: dict[str, str] = {
     "grpo.num_generations_per_prompt": "grpo.group_size",
     "grpo.seed": "run.seed",
     "grpo.max_num_steps": "train.steps",
+    "grpo.max_num_epochs": "train.steps",
     "loss_fn.reference_policy_kl_penalty": "grpo.kl_coef",
     "grpo.skip_reference_policy_logprobs_calculation": "grpo.kl_coef",
 }
@@ -121,6 +122,9 @@ def derived_values(recipe: Mapping[str, Any], run_dir: str) -> dict[str, Any]:
             "grpo.num_generations_per_prompt": int(get(recipe, "grpo.group_size")),
             "grpo.seed": int(get(recipe, "run.seed", 0)),
             "grpo.max_num_steps": int(get(recipe, "train.steps")),
+            # setup() sizes Megatron's scheduler as min(max_num_steps, max_num_epochs x batches per epoch);
+            # rise_nemo samples its own prompts, so epochs must never be the binding limit.
+            "grpo.max_num_epochs": max(1, int(get(recipe, "train.steps"))),
             "loss_fn.reference_policy_kl_penalty": kl,
             "grpo.skip_reference_policy_logprobs_calculation": kl == 0.0,
         })
