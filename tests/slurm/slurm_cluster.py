@@ -4,7 +4,8 @@ The session fixture writes munge and Slurm configuration into a temporary direct
 slurmctld and slurmd as daemons (no systemd), and stops each of them by PID at the end. Configuration
 facts measured on the CI machines (issue 6): proctrack/linuxproc and task/none (no cgroups in the
 container), EnforcePartLimits=ALL (impossible jobs are refused instead of pending forever),
-AuthInfo cred_expire=10 (a requeued job starts again after ~10 s instead of 120 s), a small MinJobAge,
+AuthInfo cred_expire=10 (a requeued job starts again after ~10 s instead of 120 s), scheduler passes
+every 2 s (a requeued job waits for the next pass once eligible; the default is up to 60 s), a small MinJobAge,
 and our own polling of `scontrol show job` (``sbatch --wait`` backs off and can miss a purged job).
 
 Without Slurm installed the tests skip with the reason, unless RISE_REQUIRE_SLURM=1 (set by .ci/run),
@@ -183,6 +184,7 @@ SlurmdLogFile={root}/log/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
