@@ -274,3 +274,10 @@ def test_bfloat16_weights_sample_and_score(tiny_cfg):
         p, n = len(r.prompt_token_ids), len(r.response_token_ids)
         # bf16 logits of a batched KV-cache decode vs one full forward differ by bf16 rounding only.
         torch.testing.assert_close(lp[i, p : p + n], torch.tensor(r.sampling_logprobs), atol=0.1, rtol=0)
+
+
+def test_tokenizer_without_chat_template_is_a_clear_error(tiny_cfg):
+    _, gen = build(tiny_cfg)
+    gen.engine.tokenizer.chat_template = None
+    with pytest.raises(ValueError, match=r"local\.tokenizer: the tokenizer at .* has no chat template"):
+        gen.generate(PROMPTS, 1, SamplingParams(max_new_tokens=2))

@@ -122,6 +122,12 @@ class LocalEngine:
             return DynamicCache()
 
     def encode_prompt(self, messages) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            spec = self.cfg.tokenizer or self.cfg.model
+            raise ValueError(
+                f"local.tokenizer: the tokenizer at {spec!r} has no chat template, so chat prompts cannot be "
+                "rendered; use an instruct model's tokenizer or set tokenizer.chat_template"
+            )
         out = self.tokenizer.apply_chat_template(
             [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
         )
