@@ -302,3 +302,37 @@ def test_recipes_pass_nemo_rl_master_config(name, tmp_path, monkeypatch):
     if algorithm(recipe) == "distillation":
         assert master.teacher["megatron_cfg"]["tensor_model_parallel_size"] == (
             recipe["nemo"]["teacher"]["megatron_cfg"]["tensor_model_parallel_size"])
+
+
+def test_distill_entry_point_drives_nemo_distillation(tmp_path, monkeypatch):
+    """OPD: rise_nemo hands NeMo-RL's distillation setup/train our rubric datums and the rubric environment."""
+    from nemo_rl.algorithms import distillation
+
+    from rise_nemo.backends.nemo import distill
+
+    nemo_dir = Path(nemo_rl.__file__).resolve().parents[1]
+    if not (nemo_dir / "examples" / "configs" / "distillation_math_megatron.yaml").exists():
+        pytest.skip("NeMo-RL example configs not found next to nemo_rl")
+    monkeypatch.setenv("NEMO_RL_DIR", str(nemo_dir))
+    tok = make_tokenizer()
+    seen: dict = {}
+
+    def fake_setup(master, tokenizer, train, val):
+        seen["master"], seen["train"], seen["val"] = master, train, val
+        return ("student", "teacher", "generation", None, "dl", "vdl", "loss", "logger", "ckpt", "state", master)
+
+    monkeypatch.setattr(distillation, "setup", fake_setup)
+    monkeypatch.setattr(distillation, "distillation_train", lambda *a: seen.__setitem__("train_args", a))
+    monkeypatch.setattr("nemo_rl.distributed.virtual_cluster.init_ray", lambda *a, **k: None)
+    monkeypatch.setattr("nemo_rl.algorithms.utils.get_tokenizer", lambda *a, **k: tok)
+    monkeypatch.setattr("nemo_rl.environments.utils.create_env", lambda name, cfg: seen.setdefault("env", (name, cfg)))
+    train = _write_jsonl(tmp_path / "train.jsonl", make_prompts(5))
+    evalp = _write_jsonl(tmp_path / "eval.jsonl", make_prompts(2, 5))
+    rc = distill.main(["--config", str(REPO / "recipes" / "opd_4b_teacher14b.yaml"), f"run.dir={tmp_path / 'run'}",
+                       f"data.train_path={train}", f"data.eval_path={evalp}", "judge={type: rule}"])
+    assert rc == 0
+    assert isinstance(seen["master"], distillation.MasterConfig)
+    assert len(seen["train"]) == 512 and len(seen["val"]) == 2  # padded to one batch of num_prompts_per_step
+    assert seen["env"][0] == "rubric" and seen["env"][1]["type"] == "rule"
+    args = seen["train_args"]
+    assert args[:3] == ("student", "teacher", "generation") and set(args[7]) == {"rubric"}

@@ -19,6 +19,7 @@ from rise_nemo.backends.nemo import (
     NemoConfigError,
     check_recipe,
     encode_chat,
+    nemo_dataset,
     plain_recipe,
     register_rubric_environment,
     run_dir_of,
@@ -50,7 +51,7 @@ def run(config_path: str, overrides: list[str]) -> int:
     master.policy["generation"] = configure_generation_config(master.policy["generation"], tokenizer)
     encode = partial(encode_chat, tokenizer, chat_template_kwargs=master.policy["tokenizer"].get("chat_template_kwargs") or {})
     train_prompts, eval_prompts = load_prompts(cfg)
-    train = [rubric_datum(p, encode, i) for i, p in enumerate(train_prompts)]
+    train = nemo_dataset(train_prompts, encode, int(master.distillation["num_prompts_per_step"]))
     val = [rubric_datum(p, encode, i) for i, p in enumerate(eval_prompts)] or None
 
     register_rubric_environment(TASK_NAME)
