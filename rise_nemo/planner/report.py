@@ -154,6 +154,10 @@ def format_report(report: PlanReport, name: str = "") -> str:
     top = report.largest_term
     lines.append(f"  peak per GPU: {report.peak_gib:.1f} GiB of {report.gpu_mem_gib:g} ({report.peak_phase} phase); "
                  f"largest term: {top.label} ({top.gib:.1f} GiB)")
+    for phase in (p for p in report.phases if p not in (report.peak_phase, "judge")):
+        biggest = max((t for t in report.terms if t.phase == phase), key=lambda t: t.gib)
+        lines.append(f"  {phase} phase: {report.phase_total(phase):.1f} GiB; largest term: {biggest.label} "
+                     f"({biggest.gib:.1f} GiB)")
     if report.issues:
         lines.append("")
         lines.append(f"  CANNOT RUN ({len(report.issues)} problem(s)):")
