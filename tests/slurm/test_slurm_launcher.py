@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 from slurm_cluster import REPO_ROOT, require_tool
@@ -247,3 +248,28 @@ def test_dry_run_in_container_mode_follows_ray_sub_conventions(tmp_path):
     driver = next(line for line in steps if line.startswith("[dry-run] driver@"))
     assert "--container-name=rise-ray-head python -m rise_nemo.cli train" in driver
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("script", [p.name for p in RECIPE_SCRIPTS if p.name != "rise_tiny_cpu.sh"])
+def test_driver_command_and_environment_load_with_the_recipe(script, monkeypatch):
+    """The overrides and environment the launcher hands the driver are accepted by the config loader and
+    point the judge client at the servers it started (real loader, loopback addresses)."""
+    import shlex
+
+    from rise_nemo.config import load_config
+
+    res = dry_run(script, env={"RISE_LOOPBACK": "1"})
+    assert res.returncode == 0, res.stderr
+    env_line = next(line for line in res.stdout.splitlines() if line.startswith("[dry-run] env: RISE_RUN_DIR="))
+    urls = json.loads(re.search(r"RISE_JUDGE_URLS=(\[.*?\]) ", env_line)[1])
+    assert urls and all(re.fullmatch(r"http://127\.0\.0\.1:80\d\d/v1", u) for u in urls), urls
+    driver = next(line for line in res.stdout.splitlines() if line.startswith("[dry-run] driver@"))
+    argv = shlex.split(driver.split(": ", 1)[1].rsplit(" >> ", 1)[0])
+    recipe, overrides = argv[argv.index("--config") + 1], argv[argv.index("--config") + 2:]
+    monkeypatch.setenv("RISE_JUDGE_URLS", json.dumps(urls))
+    monkeypatch.setenv("RISE_JUDGE_MODEL", re.search(r"RISE_JUDGE_MODEL=(\S+)", env_line)[1])
+    cfg = load_config(REPO_ROOT / recipe, overrides)
+    assert list(cfg.judge.base_urls) == urls
+    nodes = int(re.search(r"^#SBATCH --nodes=(\d+)", (REPO_ROOT / "slurm" / script).read_text(), re.M)[1])
+    assert cfg.nemo.cluster.num_nodes == nodes - 1  # every node but the judge node trains
+    assert str(cfg.run.dir).endswith(f"runs/{Path(recipe).stem}-dryrun")
