@@ -82,6 +82,21 @@ die() {
   exit 2
 }
 
+# Every numeric setting is checked up front, so a typo fails with the variable's name, not mid-job.
+check_numbers() {
+  local name
+  for name in RISE_JUDGE_NODES RISE_TEACHER_NODES RISE_JUDGE_TP RISE_TEACHER_TP RISE_JUDGE_PORT RISE_TEACHER_PORT \
+    RISE_RAY_PORT RISE_RAY_TIMEOUT RISE_SERVER_TIMEOUT RISE_SERVER_MAX_RESTARTS RISE_SERVER_RESTART_DELAY \
+    GPUS_PER_NODE RAY_NODE_MANAGER_PORT RAY_OBJECT_MANAGER_PORT RAY_DASHBOARD_AGENT_LISTEN_PORT \
+    RAY_DASHBOARD_AGENT_GRPC_PORT RAY_RUNTIME_ENV_AGENT_PORT RAY_METRICS_EXPORT_PORT RAY_DASHBOARD_PORT \
+    RAY_CLIENT_SERVER_PORT RAY_MIN_WORKER_PORT RAY_MAX_WORKER_PORT; do
+    [[ ${!name} =~ ^[0-9]+$ ]] || die "$name must be a non-negative integer (got '${!name}')"
+  done
+  for name in RISE_DRY_RUN RISE_USE_RAY RISE_LOOPBACK RISE_AUTO_REQUEUE RISE_SHARE_NODES; do
+    [[ ${!name} == 0 || ${!name} == 1 ]] || die "$name must be 0 or 1 (got '${!name}')"
+  done
+}
+
 parse_args() {
   while (($#)); do
     case $1 in
@@ -165,8 +180,6 @@ JUDGE_NODES=()
 
 assign_roles() {
   local n=${#NODES[@]}
-  [[ $RISE_JUDGE_NODES =~ ^[0-9]+$ ]] || die "RISE_JUDGE_NODES must be a number (got '$RISE_JUDGE_NODES')"
-  [[ $RISE_TEACHER_NODES =~ ^[0-9]+$ ]] || die "RISE_TEACHER_NODES must be a number (got '$RISE_TEACHER_NODES')"
   N_TRAIN=$((n - RISE_JUDGE_NODES - RISE_TEACHER_NODES))
   if [[ $RISE_SHARE_NODES == 1 ]]; then
     # Servers take the last nodes but those nodes keep training too (they share CPUs and GPUs).
@@ -516,6 +529,7 @@ print_plan() {
 
 main() {
   parse_args "$@"
+  check_numbers
   if [[ ! -f $RISE_REPO/$RISE_RECIPE && ! -f $RISE_RECIPE ]]; then
     is_dry || die "recipe $RISE_RECIPE not found under $RISE_REPO"
     echo "$PREFIX WARNING: recipe $RISE_RECIPE not found under $RISE_REPO (dry run continues)" >&2

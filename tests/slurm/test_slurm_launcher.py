@@ -118,6 +118,10 @@ def test_dry_run_refuses_an_allocation_without_room_for_training():
     assert "--nodes >= 2" in res.stderr
     res = dry_run("rise_14b.sh", "--bogus")
     assert res.returncode == 2 and "unknown argument '--bogus'" in res.stderr
+    res = dry_run("rise_14b.sh", env={"RISE_JUDGE_TP": "four"})
+    assert res.returncode == 2 and "RISE_JUDGE_TP must be a non-negative integer (got 'four')" in res.stderr
+    res = dry_run("rise_14b.sh", env={"RISE_JUDGE_TP": "16"})
+    assert res.returncode == 2 and "judge TP 16 must be between 1 and GPUS_PER_NODE=8" in res.stderr
 
 
 def test_dry_run_under_sbatch_starts_nothing(slurm, tmp_path):
