@@ -214,7 +214,9 @@ def _load_single_object(reply: str) -> dict:
     if fenced:
         text = fenced.group(1).strip()
     try:
-        obj = json.loads(text)
+        # strict=False only admits raw control characters inside strings: vLLM's xgrammar (0.2.8) lets a
+        # model emit them in "explanation" under a json_schema. Structure, keys and values stay strict.
+        obj = json.loads(text, strict=False)
     except json.JSONDecodeError as exc:
         raise VerdictParseError(f"reply is not a single JSON object ({exc.msg} at char {exc.pos})") from None
     if not isinstance(obj, dict):

@@ -68,6 +68,8 @@ def test_parse_per_criterion_strict():
     assert grading.parse_per_criterion('{"explanation": "ok", "criteria_met": true}') is True
     assert grading.parse_per_criterion('```json\n{"explanation": "", "criteria_met": false}\n```') is False
     assert grading.parse_per_criterion('{"criteria_met": false}') is False
+    # Raw control characters inside the explanation (seen from vLLM's grammar) do not void a verdict.
+    assert grading.parse_per_criterion('{"explanation":"}\x13\x0e","criteria_met":false}') is False
     bad = [
         '{"explanation": "ok", "criteria_met": "true"}',  # string, not bool
         '{"explanation": "ok"}',
