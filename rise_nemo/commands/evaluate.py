@@ -18,11 +18,23 @@ HELP = "Guidance-free evaluation on held-out prompts: mean reward, persistent co
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", nargs="?", default=None, help="run directory (uses its config.yaml)")
     parser.add_argument("--config", default=None, help="recipe YAML (default: RUN_DIR/config.yaml)")
     parser.add_argument("--checkpoint", default=None, help="checkpoint dir or name (default: latest)")
     parser.add_argument("--out", default=None, help="JSON output path (default: RUN_DIR/eval/step_N.json)")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    # One positional list so that options may sit anywhere: the first item that is not an override
+    # (no '=' and no leading '~') is the run directory.
+    parser.add_argument("items", nargs="*", metavar="[RUN_DIR] KEY=VALUE",
+                        help="run directory (uses its config.yaml), then overrides")
+
+
+def _split(items: list[str]) -> tuple[str | None, list[str]]:
+    run_dir, overrides = None, []
+    for item in items:
+        if run_dir is None and not overrides and "=" not in item and not item.startswith("~"):
+            run_dir = item
+        else:
+            overrides.append(item)
+    return run_dir, overrides
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from rise_nemo.config import ConfigError, load_config
 
     setup_logging()
+    args.run_dir, args.overrides = _split(args.items)
     if args.run_dir is None and args.config is None:
         print("rise-nemo eval: give a RUN_DIR or --config", file=sys.stderr)
         return 2

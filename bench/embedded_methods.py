@@ -1,0 +1,158 @@
+"""Embedded methods benchmark (issue 3): Rubric-RL vs RISE-RL (and coupled / uniform) on the
+persistent-criteria task, several seeds, a fixed step budget, guidance-free evaluation every few steps.
+
+For every method and seed it prints the persistent-criterion coverage curve, its area under the curve
+(trapezoid over eval steps, divided by the step span, so it is the curve's mean height), the final mean
+reward and the negative-criterion rate. It then measures the step-time ratio RISE-RL / Rubric-RL before
+and after the guidance switch in ONE process by interleaving the two methods' steps (same machine load
+for both), and ends with
+
+    RESULT auc_ratio=<RISE/Rubric, worst seed> reward_gain=<RISE-Rubric final reward, worst seed> seeds=<n>
+           step_ratio_guided=<x> step_ratio_after=<x>
+
+Usage: python bench/embedded_methods.py [--steps 24] [--eval-every 2] [--seeds 0 1 2] [--out DIR]
+The warm start is shared by all runs (cached under data.warm_start_cache); seeds change the sampling
+streams and the prompt order of RL training and evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+RECIPES = {
+    "rubric_rl": "rubric_rl_tiny_cpu.yaml",
+    "rise": "rise_tiny_cpu.yaml",
+    "coupled": "coupled_tiny_cpu.yaml",
+    "uniform": "uniform_tiny_cpu.yaml",
+    "ruscarl": "ruscarl_tiny_cpu.yaml",
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=24, help="RL steps per run (the fixed budget)")
+    p.add_argument("--eval-every", type=int, default=2)
+    p.add_argument("--switch-step", type=int, default=12, help="guidance removal step (eq. 13, fixed)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--methods", nargs="+", default=["rubric_rl", "rise", "coupled", "uniform"],
+                   choices=sorted(RECIPES))
+    p.add_argument("--timing-steps", type=int, default=8, help="interleaved steps per phase for the step-time ratio")
+    p.add_argument("--out", default="/tmp/rise_bench_embedded")
+    p.add_argument("overrides", nargs="*", help="extra recipe overrides for every run (key=value)")
+    return p.parse_args()
+
+
+def config(method: str, seed: int, run_dir: Path, args, extra=()):
+    from rise_nemo.config import load_config
+
+    return load_config(REPO / "recipes" / RECIPES[method], [
+        f"run.seed={seed}", f"run.dir={run_dir}", f"train.steps={args.steps}", "train.checkpoint_every=0",
+        f"eval.every={args.eval_every}", "train.progress=false", f"rise.schedule.switch_step={args.switch_step}",
+        *args.overrides, *extra,
+    ])
+
+
+def auc(curve: list[tuple[int, float]]) -> float:
+    """Trapezoid area under (step, coverage) divided by the step span: the curve's mean height."""
+    area = sum((s1 - s0) * (c0 + c1) / 2 for (s0, c0), (s1, c1) in zip(curve, curve[1:]))
+    span = curve[-1][0] - curve[0][0]
+    return area / span if span else curve[0][1]
+
+
+def train_one(method: str, seed: int, args) -> dict:
+    from rise_nemo.orchestration.run import build_trainer
+
+    run_dir = Path(args.out) / f"{method}_s{seed}"
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)  # a fixed budget from scratch, never a resumed run
+    t0 = time.perf_counter()
+    build_trainer(config(method, seed, run_dir, args)).run()
+    evals = [json.loads(p.read_text()) for p in sorted((run_dir / "eval").glob("step_*.json"))]
+    curve = [(e["step"], e["persistent_coverage"]) for e in evals]
+    return {"method": method, "seed": seed, "curve": curve, "auc": auc(curve),
+            "final_reward": evals[-1]["reward_mean"], "negative_rate": evals[-1]["negative_rate"],
+            "wall_s": time.perf_counter() - t0, "run_dir": str(run_dir)}
+
+
+def step_time_ratios(args) -> tuple[float, float, dict]:
+    """Interleave RISE-RL and Rubric-RL steps in one process: median step time of each, guided phase
+    (steps before the switch) and after it."""
+    from rise_nemo.orchestration.run import build_trainer
+    from rise_nemo.orchestration.step import train_step
+    from rise_nemo.orchestration.trainer import seed_everything
+
+    n = args.timing_steps
+    extra = [f"rise.schedule.switch_step={n + 1}", f"train.steps={2 * n}", "eval.at_start=false", "eval.every=0"]
+    trainers = {m: build_trainer(config(m, 0, Path(args.out) / f"timing_{m}", args, extra))
+                for m in ("rubric_rl", "rise")}
+    seed_everything(0)
+    times: dict[str, list[float]] = {"rubric_rl": [], "rise": []}
+    for step in range(1, 2 * n + 1):
+        for method, tr in trainers.items():
+            t0 = time.perf_counter()
+            train_step(tr.ctx, tr.sampler.next_batch(), step)
+            times[method].append(time.perf_counter() - t0)
+    # The first step of each phase pays one-off costs (allocator warm-up): drop it from both phases.
+    guided = statistics.median(times["rise"][1:n]) / statistics.median(times["rubric_rl"][1:n])
+    after = statistics.median(times["rise"][n + 1:]) / statistics.median(times["rubric_rl"][n + 1:])
+    return guided, after, times
+
+
+def main() -> int:
+    args = parse_args()
+    import torch
+
+    torch.set_num_threads(2)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    results = []
+    for seed in args.seeds:
+        for method in args.methods:
+            r = train_one(method, seed, args)
+            results.append(r)
+            curve = " ".join(f"{s}:{c:.3f}" for s, c in r["curve"])
+            print(f"{method:<10} seed {seed}: AUC {r['auc']:.4f}  final reward {r['final_reward']:.4f}  "
+                  f"negative rate {r['negative_rate']:.4f}  ({r['wall_s']:.0f} s)\n    coverage {curve}", flush=True)
+    (Path(args.out) / "results.json").write_text(json.dumps(results, indent=1))
+
+    print("\nper seed: RISE-RL vs Rubric-RL")
+    ratios, gains = [], []
+    by = {(r["method"], r["seed"]): r for r in results}
+    for seed in args.seeds:
+        rise, rub = by.get(("rise", seed)), by.get(("rubric_rl", seed))
+        if rise is None or rub is None:
+            continue
+        ratio = rise["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf")
+        gain = rise["final_reward"] - rub["final_reward"]
+        ratios.append(ratio)
+        gains.append(gain)
+        print(f"  seed {seed}: AUC ratio {ratio:.3f}  reward gain {gain:+.4f}  negative rate "
+              f"RISE {rise['negative_rate']:.4f} vs Rubric {rub['negative_rate']:.4f}")
+    for method in args.methods:
+        rows = [r for r in results if r["method"] == method]
+        print(f"  mean over seeds {method:<10} AUC {statistics.mean(r['auc'] for r in rows):.4f}  final reward "
+              f"{statistics.mean(r['final_reward'] for r in rows):.4f}  negative rate "
+              f"{statistics.mean(r['negative_rate'] for r in rows):.4f}")
+
+    guided, after, times = step_time_ratios(args)
+    print(f"\nstep time (median, interleaved in one process): guided phase RISE/Rubric {guided:.3f}, "
+          f"after the switch {after:.3f}")
+    (Path(args.out) / "timing.json").write_text(json.dumps(times))
+    worst_ratio = min(ratios) if ratios else float("nan")
+    worst_gain = min(gains) if gains else float("nan")
+    print(f"RESULT auc_ratio={worst_ratio:.3f} reward_gain={worst_gain:+.4f} seeds={len(ratios)} "
+          f"step_ratio_guided={guided:.3f} step_ratio_after={after:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
