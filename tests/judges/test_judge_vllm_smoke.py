@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from judge_testlib import MODES, small_requests
 
+from rise_nemo.interfaces import JudgeRequest
 from rise_nemo.judges.http import build_http_judge
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -93,25 +94,29 @@ def vllm_url(tmp_path_factory):
             proc.wait(10)
 
 
-def _judge(url: str, mode: str, structured: str, attempts: int = 2):
+def _judge(url: str, mode: str, structured: str, attempts: int = 2, temperature: float = 0.0):
     return build_http_judge({
         "type": "http", "mode": mode, "model": "tiny-judge", "base_urls": [url], "batch_size": 3,
         "structured_outputs": structured, "max_attempts": attempts, "timeout_s": 120, "max_concurrency": 4,
-        "max_explanation_chars": 48, "cache": False, "backoff_base_s": 0.1,
+        "max_explanation_chars": 48, "cache": False, "backoff_base_s": 0.1, "temperature": temperature,
     })
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_structured_outputs_give_schema_valid_verdicts(vllm_url, mode):
     reqs = small_requests()
-    with _judge(vllm_url, mode, "on") as judge:
-        got = judge.judge(reqs)
-        stats = judge.stats
-    # A random model's verdicts are arbitrary, but every one must be a real, strictly parsed verdict.
-    assert all(isinstance(v, bool) for row in got for v in row)
-    assert [len(row) for row in got] == [5, 5, 5]
-    assert stats.unknown_verdicts == 0 and stats.extra["parse_errors"] == 0 and stats.failures == 0
-    assert stats.calls == (15 if mode == "per_criterion" else 6)
+    # Greedy, then sampled at temperature 1 over 4x the requests: many different random outputs, every one
+    # of which the grammar must keep schema-valid. One attempt each, so a single invalid reply shows.
+    sampled = [JudgeRequest(r.conversation, f"{r.response} (v{i})", r.rubric) for i in range(4) for r in reqs]
+    for temperature, batch in ((0.0, reqs), (1.0, sampled)):
+        with _judge(vllm_url, mode, "on", attempts=1, temperature=temperature) as judge:
+            got = judge.judge(batch)
+            stats = judge.stats
+        # A random model's verdicts are arbitrary, but every one must be a real, strictly parsed verdict.
+        assert all(isinstance(v, bool) for row in got for v in row)
+        assert [len(row) for row in got] == [5] * len(batch)
+        assert stats.unknown_verdicts == 0 and stats.extra["parse_errors"] == 0 and stats.failures == 0
+        assert stats.calls == len(batch) * (5 if mode == "per_criterion" else 2)
 
 
 def test_without_structured_outputs_the_random_model_fails_strict_parsing(vllm_url):

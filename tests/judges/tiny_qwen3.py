@@ -54,6 +54,9 @@ def build(out: Path, vocab_size: int = 2048) -> Path:
         eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=fast.convert_tokens_to_ids("<|endoftext|>"), tie_word_embeddings=True,
     )
+    import torch
+
+    torch.manual_seed(0)  # the same random weights every time: a reproducible smoke test
     model = Qwen3ForCausalLM(cfg)
     model.generation_config.eos_token_id = cfg.eos_token_id
     model.save_pretrained(out)
