@@ -470,6 +470,11 @@ run_driver() {
     echo "[dry-run] driver@$head: $(quote_cmd "${SRUN[@]}" "${DRIVER[@]}") >> $LOG_DIR/driver.log"
     return 0
   fi
+  if ((GOT_USR1)); then
+    # The time-limit notice came while servers or Ray were starting: no time left to train.
+    log "USR1 arrived before the driver started: not starting it"
+    return 0
+  fi
   log "driver on $head: $(quote_cmd "${DRIVER[@]}") (log $LOG_DIR/driver.log)"
   "${SRUN[@]}" "${DRIVER[@]}" >>"$LOG_DIR/driver.log" 2>&1 &
   DRIVER_PID=$!
@@ -543,6 +548,7 @@ main() {
   [[ $RISE_LOOPBACK == 1 ]] && export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
   # One run directory per job: a requeued job keeps its SLURM_JOB_ID, hence its run directory.
   RUN_DIR=${RISE_RUN_DIR:-$RISE_REPO/runs/$(basename "$RISE_RECIPE" .yaml)-${SLURM_JOB_ID:-dryrun}}
+  [[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR # relative to where sbatch was called, not the checkout
   LOG_DIR=$RUN_DIR/logs
   STOP_FILE=$LOG_DIR/.stop-${SLURM_RESTART_COUNT:-0}
   cd "$RISE_REPO" || die "cannot cd to $RISE_REPO"
