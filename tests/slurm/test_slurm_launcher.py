@@ -49,6 +49,18 @@ def test_shellcheck_clean():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+@pytest.mark.parametrize("script", [p.name for p in RECIPE_SCRIPTS])
+def test_sbatch_directives_for_requeue_and_time_limit(script):
+    text = (REPO_ROOT / "slurm" / script).read_text()
+    directives = re.findall(r"^#SBATCH (\S+)", text, re.M)
+    assert "--requeue" in directives and "--open-mode=append" in directives, directives
+    assert any(re.fullmatch(r"--signal=B:USR1@\d+", d) for d in directives), directives
+    assert any(d.startswith("--time=") for d in directives) and any(d.startswith("--nodes=") for d in directives)
+    if script != "rise_tiny_cpu.sh":
+        assert "--gpus-per-node=8" in directives and "--exclusive" in directives, directives
+    assert text.rstrip().endswith('exec bash "$RISE_REPO/slurm/launch.sh" "$@"')
+
+
 def test_dry_run_rise_14b_on_four_nodes_lists_roles_and_commands():
     res = dry_run("rise_14b.sh", "--nodes", "4", "train.steps=7")
     assert res.returncode == 0, res.stderr
