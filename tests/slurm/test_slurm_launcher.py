@@ -289,3 +289,19 @@ def test_driver_command_and_environment_load_with_the_recipe(script, monkeypatch
     nodes = int(re.search(r"^#SBATCH --nodes=(\d+)", (REPO_ROOT / "slurm" / script).read_text(), re.M)[1])
     assert cfg.nemo.cluster.num_nodes == nodes - 1  # every node but the judge node trains
     assert str(cfg.run.dir).endswith(f"runs/{Path(recipe).stem}-dryrun")
+
+
+def test_missing_slurm_skips_on_a_laptop_and_fails_in_ci(tmp_path):
+    """Without the Slurm binaries on PATH the fixture skips with the reason, unless RISE_REQUIRE_SLURM=1."""
+    import sys
+
+    bare = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RISE_"))}
+    bare["PATH"] = str(tmp_path)  # no munged / slurmctld / sbatch here
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+           "tests/slurm/test_slurm_launcher.py::test_driver_exit_code_is_the_job_exit_code"]
+    laptop = subprocess.run(cmd, env=bare, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert laptop.returncode == 0 and "1 skipped" in laptop.stdout, laptop.stdout
+    assert "Slurm not installed (missing munged" in laptop.stdout
+    ci = subprocess.run(cmd, env={**bare, "RISE_REQUIRE_SLURM": "1"}, capture_output=True, text=True,
+                        cwd=REPO_ROOT, timeout=120)
+    assert ci.returncode == 1 and "RISE_REQUIRE_SLURM=1 but Slurm not installed" in ci.stdout, ci.stdout
