@@ -115,6 +115,7 @@ def main() -> None:
     finally:
         proc.kill()
         proc.wait(10)
+        proc.stdout.close()  # type: ignore[union-attr]
     pc, bt, cached = rows
     if pc["wrong_or_unknown"] or bt["wrong_or_unknown"] or cached["wrong_or_unknown"]:
         print("WARNING: some verdicts were wrong or unknown", flush=True)

@@ -174,6 +174,12 @@ def _spawn_server(port: int, latency: float) -> subprocess.Popen:
     return proc
 
 
+def _reap(proc: subprocess.Popen) -> None:
+    proc.wait(10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
 @pytest.mark.slow
 def test_kill_and_restart_mid_batch(healthbench_requests):
     port = _free_port()
@@ -188,7 +194,7 @@ def test_kill_and_restart_mid_batch(healthbench_requests):
         time.sleep(1.0)  # the batch (104 calls, 4 in flight x 0.1 s: ~2.6 s) is under way
         calls_before_kill = judge.stats.calls
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        _reap(proc)
         time.sleep(1.5)  # server down: in-flight calls drop, new ones are refused
         proc = _spawn_server(port, latency=0.1)
         worker.join(60)
@@ -196,7 +202,7 @@ def test_kill_and_restart_mid_batch(healthbench_requests):
         stats = judge.stats
     finally:
         proc.kill()
-        proc.wait(10)
+        _reap(proc)
         judge.close()
     assert 0 < calls_before_kill < sum(len(r.rubric) for r in reqs)
     assert out["got"] == expected(reqs)  # completed, nothing unknown, nothing corrupted
