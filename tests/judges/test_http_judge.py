@@ -60,7 +60,7 @@ def test_bad_request_names_it(server):
 
 
 def test_small_example_by_hand(server):
-    with make_judge(server.url, "batched", batch_size=2) as judge:
+    with make_judge(server.url, "batched", batch_size=2, progress=True) as judge:  # with a tqdm bar
         got = judge.judge(small_requests())
     assert got == [
         [True, False, True, True, False],
