@@ -50,6 +50,7 @@ RISE_TEACHER_TP=${RISE_TEACHER_TP:-4}
 RISE_TEACHER_PORT=${RISE_TEACHER_PORT:-8100}
 RISE_TEACHER_SERVE_ARGS=${RISE_TEACHER_SERVE_ARGS:-}
 RISE_SERVER_TIMEOUT=${RISE_SERVER_TIMEOUT:-1800}
+RISE_HEALTH_PATH=${RISE_HEALTH_PATH:-/health} # vLLM's; any OpenAI-compatible server answers /v1/models
 RISE_SERVER_MAX_RESTARTS=${RISE_SERVER_MAX_RESTARTS:-5}
 RISE_SERVER_RESTART_DELAY=${RISE_SERVER_RESTART_DELAY:-15}
 RISE_AUTO_REQUEUE=${RISE_AUTO_REQUEUE:-1}
@@ -396,27 +397,28 @@ urls_of() {
   echo "[${out[*]}]"
 }
 
-# Health check: every server answers GET /health with 200 before training starts.
+# Health check: every server answers GET $RISE_HEALTH_PATH with 200 before training starts.
 wait_for_servers() {
   ((${#SERVER_URLS[@]})) || return 0
-  local entry url start=$SECONDS pending
+  local entry url start=$SECONDS pending delay=1
   if is_dry; then
     for entry in "${SERVER_URLS[@]}"; do
-      echo "[dry-run] health-check: curl -sf --noproxy '*' ${entry#* }/health (timeout ${RISE_SERVER_TIMEOUT}s)"
+      echo "[dry-run] health-check: curl -sf --noproxy '*' ${entry#* }$RISE_HEALTH_PATH (timeout ${RISE_SERVER_TIMEOUT}s)"
     done
     return
   fi
   while :; do
     pending=0
     for entry in "${SERVER_URLS[@]}"; do
-      url="${entry#* }/health"
+      url="${entry#* }$RISE_HEALTH_PATH"
       curl -sf --noproxy '*' -o /dev/null --max-time 5 "$url" || pending=$((pending + 1))
     done
     ((pending == 0)) && { log "all ${#SERVER_URLS[@]} server(s) healthy"; return 0; }
     compgen -G "$LOG_DIR/*.FAILED" >/dev/null && die_run "a server failed for good: $(ls "$LOG_DIR"/*.FAILED)"
     ((SECONDS - start > RISE_SERVER_TIMEOUT)) && die_run "$pending server(s) not healthy after ${RISE_SERVER_TIMEOUT}s; see $LOG_DIR/*.log"
     log "waiting for $pending/${#SERVER_URLS[@]} server(s) to become healthy"
-    sleep 10
+    sleep "$delay"
+    ((delay < 10)) && delay=$((delay * 2))
   done
 }
 

@@ -58,6 +58,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_below_ephemeral() -> int:
+    """A free TCP port under 32768 (servers use ports outside the ephemeral range)."""
+    for port in range(21000 + os.getpid() % 5000, 32000, 7):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below 32000")
+
+
 def _wait_for(predicate, timeout: float, what: str, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     delay = 0.1

@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
-from slurm_cluster import REPO_ROOT, require_tool
+from slurm_cluster import REPO_ROOT, port_below_ephemeral, require_tool
 
 pytestmark = pytest.mark.slurm
 SCRIPTS = sorted((REPO_ROOT / "slurm").glob("*.sh"))
@@ -28,18 +27,6 @@ def dry_run(script: str, *args: str, env: dict[str, str] | None = None) -> subpr
     return subprocess.run(["bash", str(REPO_ROOT / "slurm" / script), "--dry-run", *args],
                           env={**clean, **(env or {})}, capture_output=True, text=True, timeout=60,
                           cwd=REPO_ROOT)
-
-
-def port_below_ephemeral() -> int:
-    """A free TCP port under 32768 (servers use ports outside the ephemeral range)."""
-    for port in range(21000 + os.getpid() % 5000, 32000, 7):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below 32000")
 
 
 def test_shellcheck_clean():

@@ -9,10 +9,14 @@ code reaching the job.
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import time
 from pathlib import Path
 
 import pytest
+from slurm_cluster import REPO_ROOT, port_below_ephemeral
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -115,3 +119,37 @@ def test_failing_driver_fails_the_job_with_its_exit_code(slurm, tmp_path):
     logs = job_logs(tmp_path, run_dir)
     assert (job.state, job.exit_code) == ("FAILED", 2), logs  # rise-nemo train: 2 = bad configuration
     assert "train.steps" in (run_dir / "logs" / "driver.log").read_text(), logs
+
+
+def test_http_judge_server_killed_mid_run_is_restarted_and_training_completes(slurm, tmp_path):
+    """The judge runs as a supervised server step (the rule-grader OpenAI-compatible server standing in
+    for `vllm serve`); killing it mid-run, the launcher restarts it and the real HTTP judge client's
+    retries bridge the gap: every step is trained and no verdict is lost."""
+    python = REPO_ROOT / ".venv" / "bin" / "python"
+    pid_file = tmp_path / "judge.pid"
+    env = {
+        "RISE_SHARE_NODES": "1", "RISE_JUDGE_NODES": "1", "RISE_JUDGE_PORT": str(port_below_ephemeral()),
+        "RISE_HEALTH_PATH": "/v1/models", "RISE_SERVER_RESTART_DELAY": "1", "RISE_SERVER_TIMEOUT": "90",
+        "RISE_JUDGE_MODEL": "rule-grader",
+        # The tiny recipe's judge block has no URL keys yet: add them (`++`) instead of overriding.
+        "RISE_JUDGE_URLS_KEY": "++judge.base_urls", "RISE_JUDGE_MODEL_KEY": "++judge.model",
+        "RISE_SERVE_CMD": f'echo $$ > {pid_file} && exec {python} -m rise_nemo.judges.rule_server --port "$PORT"',
+    }
+    # Retries back off up to 30 s each; a restart takes a few seconds on a busy 2-core machine.
+    job_id, run_dir = submit_tiny(slurm, tmp_path, "judge.type=http", "++judge.max_attempts=12", env=env)
+    wait_for_steps(slurm, job_id, run_dir, 2, timeout=180)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    job = slurm.wait(job_id, timeout=240)
+    logs = job_logs(tmp_path, run_dir)
+    assert (job.state, job.exit_code) == ("COMPLETED", 0), logs
+    assert metric_steps(run_dir) == list(range(1, STEPS + 1)), logs
+    launcher = (run_dir / "logs" / "launcher.log").read_text()
+    assert "all 1 server(s) healthy" in launcher
+    assert "exited (rc=137): restart 1/5" in launcher, logs  # SIGKILL seen by the supervisor
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["judge/unknown_excluded"] for r in rows) == 0, rows[-1]
+    judged = [line for line in (run_dir / "logs" / "driver.log").read_text().splitlines() if "judged " in line]
+    assert len(judged) >= STEPS and all(line.endswith(" 0 unknown") for line in judged), judged
+    # One call per verdict normally (per-criterion mode); the step that met the dead server retried.
+    counts = [tuple(map(int, m.groups())) for m in map(re.compile(r"judged (\d+) verdicts .* (\d+) calls").search, judged)]
+    assert any(calls > verdicts for verdicts, calls in counts), judged
