@@ -195,3 +195,16 @@ def test_unknown_verdicts_exclude_responses_and_are_counted(tmp_path, make_train
     assert metrics[0]["batch/natural_rows"] == 8 - 2  # 2 of the 8 natural responses unknown
     ev = json.loads((tmp_path / "eval" / "step_000002.json").read_text())
     assert ev["unknown_excluded"] == 5  # 24 eval responses, every 5th unknown
+
+
+def test_optional_tensorboard_logging_never_breaks_a_run(tmp_path, make_trainer):
+    import importlib.util
+
+    trainer = make_trainer(tmp_path, "rubric_rl", overrides=["train.steps=1", "train.tensorboard=true",
+                                                             "eval.every=0", "eval.at_start=false"])
+    assert trainer.run() == 0
+    log = (tmp_path / "train.log").read_text()
+    if importlib.util.find_spec("tensorboard") is None:
+        assert "train.tensorboard is enabled but tensorboard is not installed" in log
+    else:
+        assert any((tmp_path / "tensorboard").iterdir())
