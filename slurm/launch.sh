@@ -407,6 +407,7 @@ wait_for_servers() {
     done
     return
   fi
+  command -v curl >/dev/null || die_run "curl not found on $(hostname) (the batch host): it runs the server health checks"
   while :; do
     pending=0
     for entry in "${SERVER_URLS[@]}"; do
