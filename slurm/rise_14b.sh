@@ -12,7 +12,8 @@
 # RISE-RL on Qwen3-14B (recipes/rise_14b.yaml, NeMo-RL backend), layout of the recipe's nemo.plan:
 # 1 training node (Ray head + driver; Megatron policy with colocated vLLM) and 1 judge node (Qwen3-32B,
 # 2 vLLM replicas of TP 4). More nodes (sbatch --nodes=N) add Ray workers: the launcher passes
-# nemo.cluster.num_nodes=N-1, so check the layout first with `rise-nemo plan ... --nodes N-1`.
+# nemo.cluster.num_nodes=N-1, so check the layout first with `rise-nemo plan recipes/rise_14b.yaml
+# --nodes N` (N counts the judge node; e.g. N=3 fits, N=4 does not divide the batch by DP 3).
 #   CONTAINER=/path/nemo-rl.sqsh MOUNTS=/data:/data RISE_TRAIN_DATA=/data/train.jsonl \
 #     RISE_EVAL_DATA=/data/eval.jsonl sbatch slurm/rise_14b.sh
 #   bash slurm/rise_14b.sh --dry-run [--nodes N]   # print node roles and commands, start nothing
