@@ -292,3 +292,16 @@ def test_missing_slurm_skips_on_a_laptop_and_fails_in_ci(tmp_path):
     ci = subprocess.run(cmd, env={**bare, "RISE_REQUIRE_SLURM": "1"}, capture_output=True, text=True,
                         cwd=REPO_ROOT, timeout=120)
     assert ci.returncode == 1 and "RISE_REQUIRE_SLURM=1 but Slurm not installed" in ci.stdout, ci.stdout
+
+
+@pytest.mark.parametrize("script", [p.name for p in RECIPE_SCRIPTS if p.name != "rise_tiny_cpu.sh"])
+def test_each_gpu_script_allocation_passes_the_planner(script):
+    """`rise-nemo plan RECIPE --nodes N` accepts the recipe at the script's #SBATCH node count."""
+    import sys
+
+    text = (REPO_ROOT / "slurm" / script).read_text()
+    nodes = re.search(r"^#SBATCH --nodes=(\d+)", text, re.M)[1]
+    recipe = re.search(r"^RISE_RECIPE=\$\{RISE_RECIPE:-(\S+)\}$", text, re.M)[1]
+    res = subprocess.run([sys.executable, "-m", "rise_nemo.cli", "plan", recipe, "--nodes", nodes],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert res.returncode == 0 and "OK: layout valid" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
