@@ -83,7 +83,7 @@ class Trainer:
         self.ctx = StepContext(
             cfg=cfg, policy=policy, generator=generator, judge=judge, schedule=make_schedule(cfg),
             rng=random.Random(int(cfg.run.seed)), spec=MethodSpec.from_config(str(cfg.method)),
-            total_steps=self.steps,
+            total_steps=self.steps, pad_id=_pad_id(generator),
         )
         self.step = 0
         self.stop_after = stop_after
@@ -253,6 +253,15 @@ class Trainer:
 
 
 # ----------------------------------------------------------------------------------------------------------
+
+
+def _pad_id(generator: Any) -> int:
+    """The tokenizer's pad id when the backend exposes it (padding is masked anyway; 0 otherwise)."""
+    for owner in (generator, getattr(generator, "engine", None)):
+        pad = getattr(owner, "pad_token_id", None)
+        if isinstance(pad, int):
+            return pad
+    return 0
 
 
 def seed_everything(seed: int) -> None:
