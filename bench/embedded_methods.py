@@ -60,14 +60,8 @@ def config(method: str, seed: int, run_dir: Path, args, extra=()):
     ])
 
 
-def auc(curve: list[tuple[int, float]]) -> float:
-    """Trapezoid area under (step, coverage) divided by the step span: the curve's mean height."""
-    area = sum((s1 - s0) * (c0 + c1) / 2 for (s0, c0), (s1, c1) in zip(curve, curve[1:]))
-    span = curve[-1][0] - curve[0][0]
-    return area / span if span else curve[0][1]
-
-
 def train_one(method: str, seed: int, args) -> dict:
+    from rise_nemo.orchestration.report import curve_auc
     from rise_nemo.orchestration.run import build_trainer
 
     run_dir = Path(args.out) / f"{method}_s{seed}"
@@ -79,7 +73,7 @@ def train_one(method: str, seed: int, args) -> dict:
     build_trainer(config(method, seed, run_dir, args)).run()
     evals = [json.loads(p.read_text()) for p in sorted((run_dir / "eval").glob("step_*.json"))]
     curve = [(e["step"], e["persistent_coverage"]) for e in evals]
-    return {"method": method, "seed": seed, "curve": curve, "auc": auc(curve),
+    return {"method": method, "seed": seed, "curve": curve, "auc": curve_auc(curve),
             "final_reward": evals[-1]["reward_mean"], "negative_rate": evals[-1]["negative_rate"],
             "wall_s": time.perf_counter() - t0, "run_dir": str(run_dir)}
 

@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipes", default=None, help="recipes folder (default: the repository's recipes/)")
     parser.add_argument("--out", default="runs/demo", help="parent folder of the demo's run directories")
     parser.add_argument("--steps", type=int, default=30, help="RL steps per method")
+    parser.add_argument("--eval-every", type=int, default=5, help="steps between guidance-free evaluations")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides applied to both recipes")
 
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         run_dir = out / method
         try:
             cfg = load_config(recipes / recipe, [f"run.dir={run_dir}", f"run.seed={args.seed}",
-                                                 f"train.steps={args.steps}", *args.overrides])
+                                                 f"train.steps={args.steps}", f"eval.every={args.eval_every}",
+                                                 *args.overrides])
         except ConfigError as exc:
             print(f"rise-nemo demo: {exc}")
             return 2
@@ -65,9 +67,8 @@ def run(args: argparse.Namespace) -> int:
               f"{cfg.grpo.group_size} samples per step ({recipes / recipe}) ===", flush=True)
         t0 = time.perf_counter()
         build_trainer(cfg).run()
-        evals = sorted((run_dir / "eval").glob("step_*.json"))
-        first, last = json.loads(evals[0].read_text()), json.loads(evals[-1].read_text())
-        rows.append((method, args.seed, first, last, time.perf_counter() - t0))
+        evals = [json.loads(p.read_text()) for p in sorted((run_dir / "eval").glob("step_*.json"))]
+        rows.append((method, args.seed, evals, time.perf_counter() - t0))
 
     from rise_nemo.orchestration.report import make_report
 
@@ -79,16 +80,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def comparison_table(rows) -> str:
+    """Final guidance-free numbers per method, then the persistent-coverage curve over the evaluations
+    (RISE-RL's expected gain is EARLIER discovery, so the curve and its AUC matter, not only the end)."""
+    from rise_nemo.orchestration.report import curve_auc
+
     def pct(x):
         return "-" if x is None else f"{100 * x:5.1f}%"
 
     lines = ["", "Guidance-free evaluation on held-out prompts (8 samples per prompt):", "",
              f"{'method':<10} {'seed':>4} {'step':>5} {'mean reward':>12} {'persistent cov.':>16} "
-             f"{'negative rate':>14} {'train s':>8}"]
-    initial = rows[0][2]
+             f"{'negative rate':>14} {'cov. AUC':>9} {'train s':>8}"]
+    initial = rows[0][2][0]
     lines.append(f"{'initial':<10} {rows[0][1]:>4} {initial['step']:>5} {initial['reward_mean']:>12.4f} "
-                 f"{pct(initial['persistent_coverage']):>16} {pct(initial['negative_rate']):>14} {'':>8}")
-    for method, seed, _, last, secs in rows:
+                 f"{pct(initial['persistent_coverage']):>16} {pct(initial['negative_rate']):>14} {'':>9} {'':>8}")
+    curves = []
+    for method, seed, evals, secs in rows:
+        last = evals[-1]
+        curve = [(e["step"], e["persistent_coverage"] or 0.0) for e in evals]
         lines.append(f"{method:<10} {seed:>4} {last['step']:>5} {last['reward_mean']:>12.4f} "
-                     f"{pct(last['persistent_coverage']):>16} {pct(last['negative_rate']):>14} {secs:>8.0f}")
+                     f"{pct(last['persistent_coverage']):>16} {pct(last['negative_rate']):>14} "
+                     f"{curve_auc(curve):>9.3f} {secs:>8.0f}")
+        curves.append(f"{method:<10} " + "  ".join(f"{s}:{pct(c).strip()}" for s, c in curve))
+    lines += ["", "persistent-criterion coverage by step (guidance-free):", *curves]
     return "\n".join(lines)

@@ -52,6 +52,16 @@ def load_run(path: str | Path) -> RunData:
                    switch_step=_switch_step(metrics))
 
 
+def curve_auc(curve: Sequence[tuple[int, float]]) -> float:
+    """Area under a (step, value) curve by the trapezoid rule, divided by the step span: the curve's mean
+    height, so budgets of different lengths compare (used for persistent-coverage curves)."""
+    if not curve:
+        return float("nan")
+    area = sum((s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in zip(curve, curve[1:]))
+    span = curve[-1][0] - curve[0][0]
+    return area / span if span else float(curve[0][1])
+
+
 def _switch_step(metrics: Sequence[dict[str, Any]]) -> int | None:
     """First step without guidance after a guided one (None if guidance never ran or never stopped)."""
     was_active = False
