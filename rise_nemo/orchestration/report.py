@@ -48,7 +48,8 @@ def load_run(path: str | Path) -> RunData:
     seed = (cfg.get("run") or {}).get("seed")
     evals = [json.loads(p.read_text()) for p in sorted((path / "eval").glob("step_*.json"))] \
         if (path / "eval").is_dir() else []
-    return RunData(path, f"{method} (seed {seed}) {path.name}", method, seed, metrics, evals,
+    label = f"{path.name} (s{seed})" if method in path.name else f"{method} {path.name} (s{seed})"
+    return RunData(path, label, method, seed, metrics, evals,
                    switch_step=_switch_step(metrics))
 
 
