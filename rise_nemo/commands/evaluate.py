@@ -2,7 +2,7 @@
 
     rise-nemo eval RUN_DIR                      # latest checkpoint, config from RUN_DIR/config.yaml
     rise-nemo eval RUN_DIR --checkpoint step_000010 eval.samples_per_prompt=16
-    rise-nemo eval --config recipes/x.yaml      # the initial policy of a recipe
+    rise-nemo eval --config recipes/x.yaml      # the initial (for the persistent task: warm-started) policy
 
 Writes ``<run dir>/eval/step_XXXXXX.json`` (or ``--out``) and prints the summary and coverage table.
 """
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from rise_nemo.backends import build_backend
     from rise_nemo.judges import build_judge
     from rise_nemo.orchestration import checkpoint as ckpt
-    from rise_nemo.orchestration.data import load_prompts
+    from rise_nemo.orchestration.data import load_prompts, warm_start_policy
     from rise_nemo.orchestration.evaluate import evaluate
 
     _, eval_prompts = load_prompts(cfg)
@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         else:
             step = int(ckpt.load_checkpoint(path, policy)["step"])
+    if step == 0:  # the recipe's initial policy: on the persistent task that is the warm-started model
+        warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
     result = evaluate(cfg, generator, build_judge(cfg.judge), eval_prompts, step)
     out = Path(args.out) if args.out else (run_dir / "eval" / f"step_{step:06d}.json" if run_dir else None)
     if out is not None:
