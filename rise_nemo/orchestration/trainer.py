@@ -115,8 +115,11 @@ class Trainer:
                         self.save()
                 if stop.requested and self.step < self.steps:
                     self.stopped_by = stop.requested
-                    log.info("received %s: stopped after step %d with a complete checkpoint; exiting 0",
-                             stop.requested, self.step)
+                    if self.step == 0:  # stopped during the initial evaluation: nothing trained, nothing to save
+                        log.info("received %s before the first step; exiting 0 without a checkpoint", stop.requested)
+                    else:
+                        log.info("received %s: stopped after step %d with a complete checkpoint; exiting 0",
+                                 stop.requested, self.step)
                     return 0
             self._write_summary()
             log.info("finished %d steps in %s", self.steps, self.run_dir)
