@@ -262,9 +262,11 @@ ray_common_args() {
 
 # Ray >= 2.5x authenticates its RPCs with a token. One token per run, in the run directory (which every
 # container mounts): all nodes share it, and no user-wide ~/.ray/auth_token is read or overwritten.
-# RAY_AUTH_MODE=disabled (or token, with your own RAY_AUTH_TOKEN_PATH) in the environment overrides this.
+# RAY_AUTH_MODE=disabled, or your own RAY_AUTH_TOKEN_PATH, in the environment overrides this. A bare
+# RAY_AUTH_MODE=token does not: ray.init() exports it into its own process, so a job submitted from a
+# Python process that once ran Ray inherits it without any token file to go with it.
 setup_ray_auth() {
-  [[ -n ${RAY_AUTH_MODE:-} ]] && return
+  [[ ${RAY_AUTH_MODE:-} == disabled || -n ${RAY_AUTH_TOKEN_PATH:-} ]] && return
   export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$LOG_DIR/ray_auth_token
   if is_dry; then
     echo "[dry-run] env: RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$RAY_AUTH_TOKEN_PATH (a fresh random token)"
