@@ -29,6 +29,7 @@ RISE_USE_RAY=${RISE_USE_RAY:-1}
 RISE_LOOPBACK=${RISE_LOOPBACK:-0}            # 1: every address is 127.0.0.1 (single-node tests)
 RISE_RAY_PORT=${RISE_RAY_PORT:-6379}
 RISE_RAY_TIMEOUT=${RISE_RAY_TIMEOUT:-600}
+RISE_RAY_PROBE_TIMEOUT=${RISE_RAY_PROBE_TIMEOUT:-60}  # one "how many nodes are up" query
 RISE_JUDGE_NODES=${RISE_JUDGE_NODES:-0}
 RISE_JUDGE_MODEL=${RISE_JUDGE_MODEL:-Qwen/Qwen3-32B}
 RISE_JUDGE_TP=${RISE_JUDGE_TP:-4}
@@ -87,7 +88,7 @@ die() {
 check_numbers() {
   local name
   for name in RISE_JUDGE_NODES RISE_TEACHER_NODES RISE_JUDGE_TP RISE_TEACHER_TP RISE_JUDGE_PORT RISE_TEACHER_PORT \
-    RISE_RAY_PORT RISE_RAY_TIMEOUT RISE_SERVER_TIMEOUT RISE_SERVER_MAX_RESTARTS RISE_SERVER_RESTART_DELAY \
+    RISE_RAY_PORT RISE_RAY_TIMEOUT RISE_RAY_PROBE_TIMEOUT RISE_SERVER_TIMEOUT RISE_SERVER_MAX_RESTARTS RISE_SERVER_RESTART_DELAY \
     GPUS_PER_NODE RAY_NODE_MANAGER_PORT RAY_OBJECT_MANAGER_PORT RAY_DASHBOARD_AGENT_LISTEN_PORT \
     RAY_DASHBOARD_AGENT_GRPC_PORT RAY_RUNTIME_ENV_AGENT_PORT RAY_METRICS_EXPORT_PORT RAY_DASHBOARD_PORT \
     RAY_CLIENT_SERVER_PORT RAY_MIN_WORKER_PORT RAY_MAX_WORKER_PORT; do
@@ -315,7 +316,9 @@ wait_for_ray() {
   fi
   local start=$SECONDS alive delay=2
   while :; do
-    alive=$("${SRUN[@]}" "$RISE_PYTHON" -c "$probe" 2>>"$LOG_DIR/ray-probe.log" | tail -1)
+    # A dead head makes ray.init() retry for minutes: check the steps first and bound each probe.
+    all_steps_alive || die_run "a Ray step died during start-up; see $LOG_DIR/ray-*.log"
+    alive=$(timeout "$RISE_RAY_PROBE_TIMEOUT" "${SRUN[@]}" "$RISE_PYTHON" -c "$probe" 2>>"$LOG_DIR/ray-probe.log" | tail -1)
     log "Ray nodes alive: ${alive:-0}/$N_TRAIN"
     [[ ${alive:-0} == "$N_TRAIN" ]] && return 0
     all_steps_alive || die_run "a Ray step died during start-up; see $LOG_DIR/ray-*.log"
