@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-METHODS = ("rise", "rubric_rl", "coupled", "uniform", "ruscarl")
+METHODS = ("rise", "rubric_rl", "coupled", "uniform", "ruscarl", "opd")
 BACKENDS = ("local", "nemo")
 
 
@@ -125,7 +125,7 @@ class EvalCfg:
 class RecipeCfg:
     run: RunCfg = field(default_factory=RunCfg)
     backend: Literal["local", "nemo"] = "local"
-    method: Literal["rise", "rubric_rl", "coupled", "uniform", "ruscarl"] = "rise"
+    method: Literal["rise", "rubric_rl", "coupled", "uniform", "ruscarl", "opd"] = "rise"
     rise: RiseCfg = field(default_factory=RiseCfg)
     grpo: GrpoCfg = field(default_factory=GrpoCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)

@@ -72,6 +72,10 @@ class MethodSpec:
             "rubric_rl": MethodSpec(False, False, False, "policy_support"),
             "ruscarl": MethodSpec(False, False, True, "policy_support"),
         }
+        if method == "opd":
+            # On-policy distillation trains with a teacher's token distribution, not this loop's rewards.
+            raise ValueError("config key 'method': 'opd' (on-policy distillation) runs on NeMo-RL's distillation "
+                             "path: `python -m rise_nemo.backends.nemo.distill --config RECIPE`")
         if method not in specs:
             raise ValueError(f"config key 'method': unknown method {method!r}; expected one of {sorted(specs)}")
         return specs[method]

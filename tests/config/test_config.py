@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from rise_nemo.config import ConfigError, config_from_dict, load_config, to_yaml
+from rise_nemo.config.schema import METHODS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -130,4 +131,4 @@ def test_every_shipped_recipe_validates():
     assert recipes, "no recipes shipped"
     for path in recipes:  # the nemo block itself is validated by rise_nemo.backends.nemo, not here
         cfg = load_config(path)
-        assert cfg.method in ("rise", "rubric_rl", "coupled", "uniform", "ruscarl"), path
+        assert cfg.method in METHODS, path

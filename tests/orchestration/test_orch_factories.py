@@ -53,3 +53,13 @@ def test_loop_with_the_http_judge_on_loopback(tmp_path, make_trainer):
     assert [m["step"] for m in metrics] == [1, 2]
     assert metrics[0]["judge/unknown_excluded"] == 0 and metrics[0]["guidance/privileged_rollouts"] > 0
     assert (tmp_path / "eval" / "step_000002.json").is_file()
+
+
+def test_opd_recipes_validate_but_point_train_to_the_distillation_entry():
+    from rise_nemo.orchestration.step import MethodSpec
+
+    config_from_dict({"method": "opd"})  # a valid method in the schema (the OPD recipes use it)
+    with pytest.raises(ValueError, match=r"rise_nemo\.backends\.nemo\.distill"):
+        MethodSpec.from_config("opd")
+    with pytest.raises(ValueError, match="unknown method 'opdd'"):
+        MethodSpec.from_config("opdd")
