@@ -15,6 +15,7 @@
 # last node serves the rubric judge used for evaluation (Qwen3-32B, 2 vLLM replicas of TP 4).
 # RISE_TEACHER_NODES=1 would instead serve a teacher with vLLM (RISE_TEACHER_URL) for recipes reading it.
 #   CONTAINER=/path/nemo-rl.sqsh sbatch slurm/opd_14b_teacher32b.sh
+set -a  # export every setting below to slurm/launch.sh
 RISE_RECIPE=${RISE_RECIPE:-recipes/opd_14b_teacher32b.yaml}
 RISE_ENTRY=${RISE_ENTRY:--m rise_nemo.backends.nemo.distill}
 RISE_USE_RAY=${RISE_USE_RAY:-1}
@@ -25,14 +26,7 @@ RISE_JUDGE_SERVE_ARGS=${RISE_JUDGE_SERVE_ARGS:---gpu-memory-utilization 0.9 --ma
 RISE_TEACHER_NODES=${RISE_TEACHER_NODES:-0}
 RISE_NUM_NODES_KEY=${RISE_NUM_NODES_KEY:-nemo.cluster.num_nodes}
 # Locate the checkout: sbatch runs a spool copy of this file, so ask Slurm for the submitted path.
-if [[ -f "$(dirname "${BASH_SOURCE[0]}")/launch.sh" ]]; then
-  RISE_SBATCH_SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
-else
-  RISE_SBATCH_SCRIPT=$(scontrol show job "${SLURM_JOB_ID:-}" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')
-  [[ -f $RISE_SBATCH_SCRIPT ]] || RISE_SBATCH_SCRIPT=${SLURM_SUBMIT_DIR:-.}/slurm/$(basename "$0")
-fi
-RISE_REPO=${RISE_REPO:-$(cd "$(dirname "$RISE_SBATCH_SCRIPT")/.." && pwd)}
-export RISE_SBATCH_SCRIPT RISE_REPO RISE_RECIPE RISE_USE_RAY RISE_LOOPBACK RISE_JUDGE_NODES RISE_JUDGE_MODEL \
-  RISE_JUDGE_TP RISE_JUDGE_SERVE_ARGS RISE_TEACHER_NODES RISE_TEACHER_MODEL RISE_TEACHER_TP RISE_ENTRY \
-  RISE_NUM_NODES_KEY
-exec bash "$RISE_REPO/slurm/launch.sh" "$@"
+RISE_SBATCH_SCRIPT=$(realpath "${BASH_SOURCE[0]}")
+[[ -f ${RISE_SBATCH_SCRIPT%/*}/launch.sh ]] ||
+  RISE_SBATCH_SCRIPT=$(scontrol show job "${SLURM_JOB_ID:-}" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')
+exec bash "${RISE_SBATCH_SCRIPT%/*}/launch.sh" "$@"

@@ -45,7 +45,7 @@ def test_sbatch_directives_for_requeue_and_time_limit(script):
     assert any(d.startswith("--time=") for d in directives) and any(d.startswith("--nodes=") for d in directives)
     if script != "rise_tiny_cpu.sh":
         assert "--gpus-per-node=8" in directives and "--exclusive" in directives, directives
-    assert text.rstrip().endswith('exec bash "$RISE_REPO/slurm/launch.sh" "$@"')
+    assert text.rstrip().endswith('exec bash "${RISE_SBATCH_SCRIPT%/*}/launch.sh" "$@"')  # one shared launcher
 
 
 def test_dry_run_rise_14b_on_four_nodes_lists_roles_and_commands():
