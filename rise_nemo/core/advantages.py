@@ -6,6 +6,12 @@ default ``Tensor.std`` and what NeMo-RL's GRPO (``calculate_baseline_and_std_per
 local and nemo backends give identical advantages. A group with fewer than 2 valid samples, or with
 all-equal rewards, has std 0 and gets advantage exactly 0 (never NaN): such a group carries no
 group-relative signal.
+
+Exactness: the statistics are accumulated in float64. A float32 sum of n copies of 0.3 is not n * 0.3, so a
+float32 mean of an all-equal group differs from its members and the group got advantages of +-0.03 instead of
+0 (and a privileged reward equal to every natural reward looked like a gain, A_ref > 0). In float64 the sum
+of n float32 values is exact for any realistic n, so mean == r_i holds exactly for an equal group; the
+equal-group test (max == min over valid entries) is explicit as well.
 """
 
 from __future__ import annotations
@@ -26,16 +32,22 @@ def masked_group_stats(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mean, unbiased std and valid count over the last dim, counting only ``valid`` entries.
 
-    rewards, valid: [..., G]. Returns (mean [...], std [...], count [...]); std is 0 where count < 2.
+    rewards, valid: [..., G]. Returns (mean [...], std [...], count [...]) in ``rewards``' dtype; std is 0
+    where count < 2 and exactly 0 where every valid reward is equal. Accumulated in float64 (module doc).
     """
-    v = valid.to(rewards.dtype)
-    count = v.sum(-1)  # [...]
-    safe_count = count.clamp(min=1)
-    mean = (rewards * v).sum(-1) / safe_count
-    centred = (rewards - mean.unsqueeze(-1)) * v
+    r64 = rewards.to(torch.float64)
+    v = valid.bool()
+    vf = v.to(torch.float64)
+    count = vf.sum(-1)  # [...]
+    mean = (r64 * vf).sum(-1) / count.clamp(min=1)
+    centred = (r64 - mean.unsqueeze(-1)) * vf
     var = (centred**2).sum(-1) / (count - 1).clamp(min=1)  # Bessel's correction, like torch.std
-    std = torch.where(count >= 2, var.sqrt(), torch.zeros_like(var))
-    return mean, std, count
+    highest = torch.where(v, r64, torch.full_like(r64, -torch.inf)).amax(-1)
+    lowest = torch.where(v, r64, torch.full_like(r64, torch.inf)).amin(-1)
+    varied = (count >= 2) & (highest > lowest)
+    std = torch.where(varied, var.sqrt(), torch.zeros_like(var))
+    out = rewards.dtype
+    return mean.to(out), std.to(out), count.to(out)
 
 
 def group_advantages(rewards, eps: float = 1e-6, valid=None) -> torch.Tensor:

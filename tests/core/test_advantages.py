@@ -9,6 +9,7 @@ from rise_nemo.core.advantages import (
     reference_advantages,
     retained,
 )
+from rise_nemo.core.rewards import rubric_reward
 
 
 def test_group_advantages_hand_computed_unbiased_std():
@@ -80,3 +81,26 @@ def test_privileged_samples_do_not_touch_natural_advantages_but_coupled_does():
     assert torch.allclose(torch.cat([c_nat, c_priv], -1), expected, atol=1e-6)
     assert not torch.allclose(c_nat, decoupled)
     assert (c_nat < 0).all() and (c_priv > 0).all()
+
+
+@pytest.mark.parametrize("value", [0.3, 0.7, 0.8, 0.1, 1 / 3])
+@pytest.mark.parametrize("group_size", [2, 6, 8, 16])
+def test_equal_rewards_give_exactly_zero_advantage(value, group_size):
+    # float32 sums of non-representable values used to give +-0.03 for every member of an equal group.
+    adv = group_advantages(torch.full((3, group_size), value))
+    assert torch.equal(adv, torch.zeros_like(adv))
+    # ... also with unknown members, and as the baseline of eq. 7 (an equal privileged reward is no gain).
+    valid = torch.ones(3, group_size, dtype=torch.bool)
+    valid[:, 0] = False
+    assert torch.equal(group_advantages(torch.full((3, group_size), value), valid=valid), torch.zeros(3, group_size))
+    a_ref = reference_advantages(torch.full((3, 4), value), torch.full((3, group_size), value))
+    assert torch.equal(a_ref, torch.zeros(3, 4))
+    assert not retained(a_ref).any()
+
+
+def test_equal_verdict_rows_give_exactly_zero_advantage():
+    # 8 identical verdict rows on a 5-criterion rubric: the reward is a non-representable fraction.
+    weights = torch.tensor([7.0, 5.0, 10.0, -6.0, 3.0])
+    verdicts = torch.tensor([[1.0, 0.0, 1.0, 1.0, 1.0]]).expand(8, 5)
+    rewards = rubric_reward(verdicts, weights).unsqueeze(0)  # [1, 8]
+    assert torch.equal(group_advantages(rewards), torch.zeros(1, 8))
