@@ -11,6 +11,12 @@ Tensor conventions (shared with NeMo-RL so the nemo backend is a thin adapter):
   with ``logprobs[:, 0] = 0`` (NeMo-RL's convention). ``token_mask`` [B, T] is 1 on response tokens only.
 - Per-sample columns [B]: ``sample_mask``, ``advantages``, ``kind`` (``KIND_NATURAL`` / ``KIND_GUIDED``),
   plus any extra keys the loss needs (see ``rise_nemo.core.losses``).
+- Per-token advantages: a batch may carry ``token_advantages`` [B, T] (aligned with ``input_ids``, 0 off the
+  loss mask) instead of ``advantages`` [B]; the PG loss uses whichever is present (GAE for PPO/RRL, segment
+  advantages for ExpRL-Process).
+- Given (replayed) response prefixes are context only: their tokens have ``token_mask`` 0.
+- Values: ``values[b, t]`` is V of the state *before* token t, i.e. of ``input_ids[b, :t]`` (NeMo-RL's right
+  shift), so the value of the state a response token is sampled from sits at that token's position.
 """
 
 from __future__ import annotations
@@ -41,8 +47,11 @@ class Rollout:
     prompt_token_ids: list[int]
     response_token_ids: list[int]
     response_text: str
-    sampling_logprobs: list[float]  # one per response token, from the generator
+    sampling_logprobs: list[float]  # one per response token, from the generator (0.0 for given tokens)
     finished: bool = True  # False when cut at max_new_tokens without EOS (overlong)
+    # The first ``given_token_count`` response tokens were given (a replayed prefix / state), not sampled:
+    # they condition the continuation but are masked out of the policy loss.
+    given_token_count: int = 0
 
 
 @dataclass
@@ -56,9 +65,18 @@ class SamplingParams:
 @runtime_checkable
 class Generator(Protocol):
     def generate(
-        self, prompts: Sequence[Conversation], n: int, params: SamplingParams
+        self,
+        prompts: Sequence[Conversation],
+        n: int,
+        params: SamplingParams,
+        prefixes: Sequence[Sequence[int]] | None = None,
     ) -> list[list[Rollout]]:
-        """Sample ``n`` responses for every chat prompt; result[i][j] is prompt i's j-th sample."""
+        """Sample ``n`` responses for every chat prompt; result[i][j] is prompt i's j-th sample.
+
+        ``prefixes[i]`` (optional) are response token ids given for prompt i: every sample continues them
+        under the original prompt; each Rollout's ``response_token_ids`` starts with the prefix and its
+        ``given_token_count`` is ``len(prefixes[i])``. ``max_new_tokens`` counts sampled tokens only.
+        """
         ...
 
     def encode_prompt(self, messages: Conversation) -> list[int]:
@@ -81,6 +99,24 @@ class Policy(Protocol):
 
     def train(self, data: Mapping[str, torch.Tensor], loss_fn: LossFn) -> dict[str, float]:
         """One optimiser step on the whole batch with ``loss_fn``; returns summed metrics."""
+        ...
+
+    def state_dict(self) -> dict:  # weights + optimiser, for checkpoints
+        ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@runtime_checkable
+class Critic(Protocol):
+    """A value model V(state) for PPO-style methods (RRL, the PPO baseline)."""
+
+    def get_values(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Values [B, T] of ``data['input_ids']``: ``values[b, t]`` = V(input_ids[b, :t]) (no grad)."""
+        ...
+
+    def train(self, data: Mapping[str, torch.Tensor], loss_fn: LossFn) -> dict[str, float]:
+        """One optimiser step of the value model; ``loss_fn(values [B, T], data)`` (clipped value loss)."""
         ...
 
     def state_dict(self) -> dict:  # weights + optimiser, for checkpoints
