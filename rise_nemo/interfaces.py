@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.core.rubric import Conversation, Rubric
 
 KIND_NATURAL = 0
@@ -152,4 +153,13 @@ class Judge(Protocol):
         "met" means the criterion's statement holds for the response; for a negative-points criterion that
         means the undesirable behaviour occurred. ``None`` marks a verdict the judge could not obtain.
         """
+        ...
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """Sparse correctness of final answers (the reward of sparse GRPO / PPO / RRL, and pass@k)."""
+
+    def verify(self, problems: Sequence[ReasoningProblem], responses: Sequence[str]) -> list[bool | None]:
+        """result[i]: does responses[i] state problems[i].answer? ``None`` = could not be decided."""
         ...
