@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rise_nemo.core.logprobs import token_entropy
+from rise_nemo.core.rewards import failure_matrix
 
 __all__ = ["pass_at_k", "criterion_coverage", "CoverageTable", "CriterionCoverage", "mean_token_entropy"]
 
@@ -83,9 +84,9 @@ def criterion_coverage(
 ) -> CoverageTable:
     """Coverage table over G responses x K criteria: satisfied / total judgments per criterion and overall.
 
-    verdicts[i][k] is the judge's "met" verdict (None = unknown, left out of the totals). "Satisfied"
-    follows the failure convention of rewards.failure_matrix: a positive criterion is satisfied when met,
-    a negative one when NOT met. ``indices`` restricts the table to chosen criteria (e.g. the six
+    verdicts[i][k] is the judge's "met" verdict (None = unknown, left out of the totals). "Satisfied" is
+    "not failed" as decided by rewards.failure_matrix (the one rule): a positive criterion is satisfied when
+    met, a negative one when NOT met, a zero-weight one always (it never fails, met or not). ``indices`` restricts the table to chosen criteria (e.g. the six
     representative ones of the paper's Table 11); ``names`` label the rows (default "c<k>").
     """
     rows_v = verdicts.tolist() if isinstance(verdicts, torch.Tensor) else [list(v) for v in verdicts]
@@ -99,7 +100,8 @@ def criterion_coverage(
     out = []
     for k in chosen:
         known = [bool(row[k]) for row in rows_v if row[k] is not None]
-        ok = sum((not v) if weights[k] < 0 else v for v in known)
+        failed = int(failure_matrix(torch.tensor(known, dtype=torch.bool)[:, None], [float(weights[k])]).sum())
+        ok = len(known) - failed
         out.append(
             CriterionCoverage(
                 k, names[k] if names is not None else f"c{k}", float(weights[k]), ok, len(known)

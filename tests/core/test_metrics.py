@@ -60,3 +60,18 @@ def test_mean_token_entropy_from_logprobs_and_logits():
     assert math.isnan(mean_token_entropy(lp, torch.zeros(2, 3)))
     with pytest.raises(ValueError, match="does not match"):
         mean_token_entropy(lp, torch.ones(2, 2))
+
+
+def test_coverage_agrees_with_failure_matrix_on_zero_weight_criteria():
+    """Issue 12 item 10: an unmet zero-weight criterion is never a failure in failure_matrix (eq. 4-5 feedback),
+    so the coverage table must not count it as failed either; all three signs checked against the one rule."""
+    from rise_nemo.core.rewards import failure_matrix
+
+    verdicts = [[False, True, False], [False, False, True], [True, None, False]]
+    weights = [0.0, 2.0, -1.0]
+    table = criterion_coverage(verdicts, weights)
+    assert [r.failed for r in table.rows] == [0, 1, 1]
+    assert [r.satisfied for r in table.rows] == [3, 1, 2]
+    for k, row in enumerate(table.rows):
+        known = torch.tensor([[v[k]] for v in verdicts if v[k] is not None])
+        assert row.failed == int(failure_matrix(known, [weights[k]]).sum())

@@ -96,6 +96,12 @@ def validate_nemo_block(recipe: Mapping[str, Any]) -> None:
         raise NemoConfigError(str(exc)) from exc
     if algo == "grpo" and get(recipe, "nemo.policy.generation.backend", "vllm") != "vllm":
         raise NemoConfigError("recipe key nemo.policy.generation.backend: the nemo backend generates with vllm only")
+    if algo == "grpo" and bool(get(recipe, "nemo.policy.generation.vllm_cfg.async_engine", False)):
+        # With async_engine NeMo-RL builds VllmAsyncGenerationWorker (vllm_generation.py:188-189), which never
+        # sets self.llm, so the synchronous VllmGeneration.generate the nemo backend calls asserts in the
+        # worker (vllm_worker.py:681 "Attempting to generate with either an uninitialized vLLM ...").
+        raise NemoConfigError("recipe key nemo.policy.generation.vllm_cfg.async_engine: must be false; the nemo "
+                              "backend generates through VllmGeneration.generate, which needs the synchronous engine")
     if str(get(recipe, "nemo.policy.generation.vllm_cfg.kv_cache_dtype", "auto")).startswith("fp8"):
         # NeMo-RL recalibrates FP8 KV scales after every train step (calibrate_qkv_fp8_scales) and passes them
         # to the refit; the nemo backend's step does not do that yet.

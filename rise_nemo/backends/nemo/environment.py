@@ -8,8 +8,10 @@ as ``metadata``. The judge always sees the ORIGINAL conversation: every message 
 assistant turn.
 
 NeMo-RL drops metadata returned on a terminal step, so per-criterion verdicts do not travel back through
-its rollout code; the scalar reward (eq. 3) does, and ``global_post_process_and_metrics`` reports the
-batch's mean reward and unknown-verdict rate.
+its rollout code; the scalar reward (eq. 3) does. ``env_actor`` implements the interface's
+``global_post_process_and_metrics`` (mean and max reward), but NeMo-RL v0.7.0 never calls it: no rollout
+or algorithm loop does (only environments define it; nemo_rl/environments/interfaces.py:85), so those
+numbers appear only where a caller asks for them.
 """
 
 from __future__ import annotations
