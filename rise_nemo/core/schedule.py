@@ -1,6 +1,7 @@
 """Guidance removal (RISE-RL eq. 13): the Delta_r tracker and the lambda_guide(s) schedule.
 
-Delta_r(s) = mean r_priv(s) - mean r_nat(s) measures what the privileged hints still add. The paper
+Delta_r(s) = mean r_priv(s) - mean r_nat(s) measures what the privileged hints still add (``reward_gap``:
+the gap of each guided prompt's group means, averaged over the step's guided prompts). The paper
 sets s_switch by eye near the plateau onset of the smoothed curve; ``lambda_guide(s) = lambda_0`` for
 s < s_switch and 0 afterwards, and after the switch no privileged rollouts are generated at all.
 """
@@ -11,12 +12,38 @@ import logging
 import math
 from typing import Any, Literal
 
-__all__ = ["GuidanceSchedule", "ScheduleMode"]
+import torch
+
+__all__ = ["GuidanceSchedule", "ScheduleMode", "reward_gap"]
 
 log = logging.getLogger(__name__)
 
 ScheduleMode = Literal["fixed", "auto", "never"]
 _MODES = ("fixed", "auto", "never")
+
+
+def reward_gap(
+    priv_rewards: torch.Tensor, priv_valid: torch.Tensor, nat_rewards: torch.Tensor, nat_valid: torch.Tensor
+) -> float | None:
+    """Eq. 13's Delta_r(s) for one step: the mean over guided prompts of (r_bar_priv - r_bar_nat).
+
+    Row q of ``priv_*`` [N', G'] and ``nat_*`` [N', G] is the same guided prompt. Eq. 13 defines r_bar_priv
+    and r_bar_nat as means over ONE prompt's group (1/G sum_j r_j^priv, 1/G sum_i r_i^nat, the same group
+    means as eq. 7's baseline), so the gap is taken per prompt, over its valid (known-verdict) samples, and
+    the step's value is the plain mean of the per-prompt gaps. Pooling all samples of the step instead
+    would weigh prompts differently on the two sides as soon as unknown verdicts remove samples unevenly
+    (privileged samples of an easy prompt against natural samples of a hard one). With every sample valid
+    and equal group sizes the two readings agree. A prompt with no valid sample on either side has no gap
+    and is left out; None when no prompt has one.
+    """
+    if priv_rewards.shape[0] != nat_rewards.shape[0]:
+        raise ValueError(f"reward_gap: {priv_rewards.shape[0]} privileged groups vs {nat_rewards.shape[0]} natural")
+    gaps = []
+    for q in range(priv_rewards.shape[0]):
+        pv, nv = priv_valid[q].bool(), nat_valid[q].bool()
+        if bool(pv.any()) and bool(nv.any()):
+            gaps.append(priv_rewards[q][pv].double().mean() - nat_rewards[q][nv].double().mean())
+    return float(torch.stack(gaps).mean()) if gaps else None
 
 
 class GuidanceSchedule:

@@ -35,6 +35,7 @@ from rise_nemo.core.losses import ObjectiveConfig, overlong_penalty, rise_object
 from rise_nemo.core.prompts import build_privileged_prompt, build_ruscarl_prompt, ruscarl_num_scaffold
 from rise_nemo.core.rewards import criterion_priority, failure_matrix, rubric_reward, select_feedback
 from rise_nemo.core.rubric import Criterion, RubricPrompt
+from rise_nemo.core.schedule import reward_gap
 from rise_nemo.interfaces import (
     KIND_GUIDED,
     KIND_NATURAL,
@@ -375,13 +376,10 @@ def make_loss_fn(ctx: StepContext, lam: float):
 
 
 def guidance_delta(nat: Scored, priv: Scored | None, targets: list[int]) -> float | None:
-    """Eq. 13's Delta_r: mean privileged reward - mean natural reward over the prompts that got guidance."""
+    """Eq. 13's Delta_r over the prompts that got guidance (core.schedule.reward_gap: per-prompt gaps)."""
     if priv is None or not targets:
         return None
-    nat_valid = nat.valid[targets]
-    if not bool(priv.valid.any()) or not bool(nat_valid.any()):
-        return None
-    return float(priv.rewards[priv.valid].mean() - nat.rewards[targets][nat_valid].mean())
+    return reward_gap(priv.rewards, priv.valid, nat.rewards[targets], nat.valid[targets])
 
 
 def _finite(x: float | None) -> float | None:

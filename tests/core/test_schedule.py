@@ -79,3 +79,28 @@ def test_missing_delta_r_does_not_count_and_state_round_trip():
         t.load_state_dict({"mode": "auto"})
     with pytest.raises(ValueError, match="go back"):
         s.update(0, 0.1)
+
+
+def test_reward_gap_is_the_mean_of_per_prompt_gaps_not_a_pooled_difference():
+    """Issue 12 item 9: eq. 13 takes r_bar_priv and r_bar_nat over one prompt's group (1/G sums), so with
+    unknown verdicts removing samples unevenly the step's Delta_r is the mean of per-prompt gaps."""
+    import torch
+
+    from rise_nemo.core.schedule import reward_gap
+    from rise_nemo.orchestration.step import Scored, guidance_delta
+
+    priv = torch.tensor([[0.9, 0.9], [0.3, 0.0]])
+    priv_valid = torch.tensor([[True, True], [True, False]])
+    nat = torch.tensor([[0.7, 0.0], [0.2, 0.2]])
+    nat_valid = torch.tensor([[True, False], [True, True]])
+    # prompt 0: 0.9 - 0.7 = 0.2; prompt 1: 0.3 - 0.2 = 0.1 -> 0.15 (pooling would give 0.7 - 0.3667 = 0.333)
+    assert reward_gap(priv, priv_valid, nat, nat_valid) == pytest.approx(0.15)
+    # A prompt with no valid sample on one side has no gap; none at all -> None.
+    assert reward_gap(priv, torch.tensor([[True, True], [False, False]]), nat, nat_valid) == pytest.approx(0.2)
+    assert reward_gap(priv, torch.zeros(2, 2, dtype=torch.bool), nat, nat_valid) is None
+    # All valid, equal groups: identical to the pooled difference.
+    full = torch.ones(2, 2, dtype=torch.bool)
+    assert reward_gap(priv, full, nat, full) == pytest.approx(float(priv.mean() - nat.mean()))
+    # The training step's Delta_r is this function (targets = rows of the natural batch that got guidance).
+    nat_all = Scored([], [], torch.cat([torch.zeros(1, 2), nat]), torch.cat([torch.ones(1, 2, dtype=torch.bool), nat_valid]))
+    assert guidance_delta(nat_all, Scored([], [], priv, priv_valid), [1, 2]) == pytest.approx(0.15)
