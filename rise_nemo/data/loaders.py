@@ -48,32 +48,67 @@ class LoadedPrompts(NamedTuple):
 # -- reading rows ----------------------------------------------------------------------------------------
 
 
+def _decode_json(text: str) -> Any:
+    """``json.loads`` whose every failure is a ValueError with a one-line reason (no file position).
+
+    Besides malformed JSON: nesting too deep for the parser (RecursionError) and text that is not valid
+    Unicode (a lone UTF-16 surrogate such as ``"\\ud800"`` decodes to a str that cannot be encoded later,
+    in the judge request or the tokenizer, far from the file).
+    """
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        # exc.msg may itself end in "at" ("Unterminated string starting at"): say the position separately.
+        raise ValueError(f"malformed JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains a lone UTF-16 surrogate ({ascii(exc.object[exc.start:exc.end])}), "
+                         "which is not valid Unicode text") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
+    return obj
+
+
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any | RubricError]]:
-    """(line number, parsed object or the RubricError describing why the line is not JSON)."""
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    """(line number, parsed object or the RubricError describing why the line cannot be used)."""
+    with path.open("rb") as fh:  # bytes: one undecodable line must not end the whole file
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield lineno, RubricError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
+                                          f"column {exc.start + 1})")
+                continue
             if not line.strip():
                 continue
             try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield (
-                    lineno,
-                    RubricError(f"{path}:{lineno}: malformed JSON ({exc.msg} at column {exc.colno})"),
-                )
+                yield lineno, _decode_json(line.rstrip("\r\n"))
+            except ValueError as exc:
+                yield lineno, RubricError(f"{path}:{lineno}: {exc}")
 
 
 def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    """(row number, row dict); an unreadable file or row batch (empty, truncated, not parquet) is yielded
+    once as a RubricError at the first row it covers, and reading stops there."""
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as exc:  # optional dependency
         raise RubricError(f"{path}: reading parquet needs pyarrow (pip install 'rise_nemo[data]')") from exc
     rowno = 0
-    # Row batches keep a large dataset from being converted to Python objects all at once.
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-        for row in batch.to_pylist():
-            rowno += 1
-            yield rowno, row
+    try:
+        # Row batches keep a large dataset from being converted to Python objects all at once.
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                rowno += 1
+                yield rowno, row
+    except (pa.ArrowException, OSError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        yield rowno + 1, RubricError(f"{path}:{rowno + 1}: unreadable parquet from this row on "
+                                     f"(empty or truncated file?): {reason}")
 
 
 # -- field parsing ---------------------------------------------------------------------------------------
@@ -119,9 +154,13 @@ def _parse_tags(raw: Any, where: str, key: str) -> tuple[str, ...]:
 def _parse_points(raw: Any, where: str, key: str) -> float:
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise _err(where, key, f"points must be a number, got {raw!r}")
-    if not math.isfinite(raw):
+    try:
+        value = float(raw)  # a JSON integer may be too large for a float (OverflowError)
+    except OverflowError:
+        raise _err(where, key, f"points must be finite, got an integer of {len(str(abs(raw)))} digits") from None
+    if not math.isfinite(value):
         raise _err(where, key, f"points must be finite, got {raw!r}")
-    return float(raw)
+    return value
 
 
 def _parse_check(raw: Any, where: str, key: str) -> MachineCheck | None:
@@ -196,16 +235,16 @@ def _rubrichub_rubrics(row: Mapping, where: str) -> tuple[Any, str]:
     rm = row.get("reward_model")
     if isinstance(rm, str):
         try:
-            rm = json.loads(rm)
-        except json.JSONDecodeError as exc:
-            raise _err(where, "reward_model", f"is a string but not JSON ({exc.msg})") from None
+            rm = _decode_json(rm)
+        except ValueError as exc:
+            raise _err(where, "reward_model", f"is a string but not usable JSON ({exc})") from None
     if isinstance(rm, Mapping) and rm.get("rubrics") is not None:
         rubrics = rm["rubrics"]
         if isinstance(rubrics, str):
             try:
-                rubrics = json.loads(rubrics)
-            except json.JSONDecodeError as exc:
-                raise _err(where, "reward_model.rubrics", f"is a string but not JSON ({exc.msg})") from None
+                rubrics = _decode_json(rubrics)
+            except ValueError as exc:
+                raise _err(where, "reward_model.rubrics", f"is a string but not usable JSON ({exc})") from None
         return rubrics, "reward_model.rubrics"
     raise _err(where, "Rubrics", "missing (neither 'Rubrics' nor 'reward_model.rubrics' is present)")
 

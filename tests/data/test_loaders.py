@@ -176,3 +176,48 @@ def test_duplicate_ids_missing_file_and_bad_fmt(tmp_path):
         load_rubric_prompts(tmp_path / "nope.jsonl")
     with pytest.raises(ValueError, match="fmt must be one of"):
         load_rubric_prompts(path, fmt="csv")
+
+
+# Issue 12 item 11: inputs that used to escape skip_invalid (or carry no file:line). Each bad line sits between
+# two good ones; it must raise a one-line RubricError naming data.jsonl:2, or be skipped and counted.
+GOOD_LINE = json.dumps({"prompt": [{"role": "user", "content": "fine"}], "rubrics": [{"criterion": "ok", "points": 1}]})
+RAW_BAD = {
+    "huge integer points": (
+        b'{"prompt": [{"role": "user", "content": "x"}], "rubrics": [{"criterion": "a", "points": 1' + b"0" * 400
+        + b"}]}", r"'rubrics\[0\].points': points must be finite"),
+    "non-UTF-8 bytes": (b'{"prompt": "caf\xe9", "rubrics": [{"criterion": "a", "points": 1}]}', "not UTF-8 text"),
+    "deep nesting": (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    "lone surrogate": (b'{"prompt": "x\\ud800", "rubrics": [{"criterion": "a", "points": 1}]}',
+                       "lone UTF-16 surrogate"),
+    "unterminated string": (b'{"prompt": "abc', r"malformed JSON: Unterminated string starting at \(line 1, column"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RAW_BAD))
+def test_raw_bad_lines_are_clear_skippable_errors(tmp_path, case):
+    bad, pattern = RAW_BAD[case]
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(GOOD_LINE.encode() + b"\n" + bad + b"\n" + GOOD_LINE.replace('"prompt"', '"prompt_id": "last", "prompt"').encode() + b"\n")
+    with pytest.raises(RubricError, match=rf"data\.jsonl:2: .*{pattern}") as info:
+        load_rubric_prompts(path)
+    assert "\n" not in str(info.value) and "at at" not in str(info.value)
+    prompts, skipped = load_rubric_prompts(path, skip_invalid=True)
+    assert [p.prompt_id for p in prompts] == ["data-1", "last"]
+    assert len(skipped) == 1 and skipped[0].where.endswith("data.jsonl:2")
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated"])
+def test_unreadable_parquet_is_a_clear_skippable_error(tmp_path, damage):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": [{"role": "user", "content": f"q{i}"}], "reward_model": {"rubrics": [{"criterion": "c", "points": 1.0}]},
+             "extra_info": {"index": i}} for i in range(3)]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    data = path.read_bytes()
+    path.write_bytes(b"" if damage == "empty" else data[: len(data) // 2])
+    with pytest.raises(RubricError, match=r"train\.parquet:1: unreadable parquet"):
+        load_rubric_prompts(path)
+    prompts, skipped = load_rubric_prompts(path, skip_invalid=True)
+    assert prompts == [] and len(skipped) == 1 and skipped[0].where.endswith("train.parquet:1")
