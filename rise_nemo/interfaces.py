@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from rise_nemo.core.problem import ReasoningProblem
-from rise_nemo.core.rubric import Conversation, Rubric
+from rise_nemo.core.rubric import Conversation, Rubric, judged_text
 
 KIND_NATURAL = 0
 KIND_GUIDED = 1
@@ -128,12 +128,19 @@ class Critic(Protocol):
 
 @dataclass
 class JudgeRequest:
-    """Judge ``response`` against ``rubric`` in the context of the ORIGINAL conversation (never a hint)."""
+    """Judge ``response`` against ``rubric`` in the context of the ORIGINAL conversation (never a hint).
+
+    ``response`` is stored as ``core.rubric.judged_text(response)`` (the answer without a ``<think>``
+    block), so every path that asks a judge grades the same text.
+    """
 
     conversation: Conversation
     response: str
     rubric: Rubric
     prompt_id: str = ""
+
+    def __post_init__(self) -> None:
+        self.response = judged_text(self.response)
 
 
 @dataclass

@@ -16,6 +16,26 @@ from typing import Literal
 Message = Mapping[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
 Conversation = Sequence[Message]
 
+REASONING_OPEN, REASONING_CLOSE = "<think>", "</think>"
+
+
+def judged_text(response: str) -> str:
+    """What a judge sees of a response: the answer the user would read, never the model's reasoning.
+
+    A Qwen3-style reasoning block (``<think>...</think>``) is dropped: the text after the LAST closing tag,
+    leading whitespace removed. A response that opens a reasoning block and never closes it (cut at
+    max_new_tokens mid-thought) gave no answer: the judge sees "". Text without the tags is judged as is.
+    The token ids used for training always keep the reasoning. Every judge request goes through this one
+    function (``interfaces.JudgeRequest`` applies it), so the orchestration, the embedded backend and the
+    NeMo-RL environment grade the same text.
+    """
+    head, sep, tail = response.rpartition(REASONING_CLOSE)
+    if sep:
+        return tail.lstrip()
+    if response.lstrip().startswith(REASONING_OPEN):
+        return ""
+    return response
+
 CheckKind = Literal["regex", "contains", "absent", "min_words", "max_words"]
 CHECK_KINDS: tuple[str, ...] = ("regex", "contains", "absent", "min_words", "max_words")
 

@@ -24,7 +24,7 @@ from rise_nemo.backends.nemo.batch import (  # noqa: E402
     to_nemo_train_batch,
     use_behaviour_logprobs,
 )
-from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession, final_answer  # noqa: E402
+from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession  # noqa: E402
 from rise_nemo.config import config_from_dict  # noqa: E402
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL, SamplingParams  # noqa: E402
 from rise_nemo.judges import build_judge  # noqa: E402
@@ -242,8 +242,11 @@ def test_other_methods_run_one_step(tmp_path, method, kl):
 
 
 def test_judge_sees_the_answer_not_the_reasoning():
-    assert final_answer("<think>\nplan: mention alpha\n</think>\n\nbeta gamma") == "beta gamma"
-    assert final_answer("no reasoning block") == "no reasoning block"
+    from rise_nemo.core.rubric import judged_text
+
+    assert judged_text("<think>\nplan: mention alpha\n</think>\n\nbeta gamma") == "beta gamma"
+    assert judged_text("no reasoning block") == "no reasoning block"
+    assert judged_text("<think>\nstill thinking when cut at max_new_tokens") == ""
 
 
 def test_nemo_dataset_is_padded_to_one_batch_and_carries_the_rubric():

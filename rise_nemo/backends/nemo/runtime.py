@@ -129,16 +129,9 @@ class NemoGenerator:
         output = self.session.generation.generate(self.session.to_batched(data), greedy=greedy)
         return rollouts_from_generation(
             output, prompts, prompt_ids, n,
-            decode=lambda ids: final_answer(self.session.tokenizer.decode(ids, skip_special_tokens=True)),
+            decode=lambda ids: self.session.tokenizer.decode(ids, skip_special_tokens=True),
             eos_token_ids=self.eos_ids,
         )
-
-
-def final_answer(text: str) -> str:
-    """The text the judge sees: a Qwen3-style reasoning block (``<think>...</think>``) is dropped, as the user
-    would not see it; the token ids used for training keep it."""
-    _, sep, tail = text.rpartition("</think>")
-    return tail.lstrip() if sep else text
 
 
 def _kl_coef(loss_fn: LossFn) -> float:
@@ -245,4 +238,4 @@ def natural_sampling_error(batch: Mapping[str, torch.Tensor]) -> float | None:
     return float((batch["generation_logprobs"] - batch["prev_logprobs"]).abs()[mask].mean())
 
 
-__all__ = ["BatchError", "NemoGenerator", "NemoPolicy", "NemoSession", "final_answer", "natural_sampling_error"]
+__all__ = ["BatchError", "NemoGenerator", "NemoPolicy", "NemoSession", "natural_sampling_error"]
