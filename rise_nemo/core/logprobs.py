@@ -22,6 +22,7 @@ __all__ = [
     "naive_token_logprobs",
     "naive_token_entropy",
     "DEFAULT_CHUNK_SIZE",
+    "ppo_reference_logprobs",
 ]
 
 # 256 positions x 151,936 vocab x 4 bytes = 156 MB of fp32 per temporary: small next to a 4k-token batch's
@@ -169,3 +170,25 @@ def naive_token_entropy(logits: torch.Tensor) -> torch.Tensor:
     _check_shapes(logits)
     logp = logits[:, :-1].float().log_softmax(-1)
     return torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0))
+
+
+def ppo_reference_logprobs(
+    prev_logprobs: torch.Tensor,
+    generation_logprobs: torch.Tensor,
+    token_mask: torch.Tensor,
+    sampled_under_train_prompt: torch.Tensor,
+) -> torch.Tensor:
+    """The log-probs a row's PPO ratio (eq. 12, pi_theta / pi_old) is taken against, [B, T].
+
+    With a behaviour-ratio correction (rollouts from another engine, e.g. FP8 vLLM) pi_old is the SAMPLER's
+    log-probs (``generation_logprobs``), so the ratio is the importance weight of the policy that actually
+    produced the tokens. That holds only for a row whose tokens were sampled under the very prompt it is
+    trained on (``sampled_under_train_prompt`` [B], bool). Every other row keeps the trainer's recomputed
+    log-probs under the original prompt (``prev_logprobs``): RISE guided rows and coupled privileged rows
+    (sampled under the hinted prompt, they carry placeholder sampler log-probs of 0.0), RuscaRL rows
+    (sampled under a scaffolded prompt). Taking a 0.0 placeholder as pi_old would make every ratio
+    exp(log p) < 1, clip most tokens at 1 - eps and shrink or kill their gradient. Off the response tokens
+    (``token_mask`` 0) prev_logprobs is kept as well.
+    """
+    behaviour = sampled_under_train_prompt.bool()[:, None] & token_mask.bool()  # [B, T]
+    return torch.where(behaviour, generation_logprobs, prev_logprobs)

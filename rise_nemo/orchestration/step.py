@@ -125,6 +125,9 @@ class TrainSample:
     kind: int
     advantage: float
     generation_logprobs: list[float]
+    # True only when the response was sampled under prompt_ids itself: only then may its sampler log-probs
+    # serve as the PPO reference (core.logprobs.ppo_reference_logprobs).
+    sampled_under_train_prompt: bool
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -286,7 +289,7 @@ def natural_samples(
                 continue
             prompt_ids = ctx.original_prompt_ids(prompt) if ctx.spec.ruscarl else list(r.prompt_token_ids)
             out.append(TrainSample(prompt_ids, list(r.response_token_ids), KIND_NATURAL, float(adv[i, j]),
-                                   list(r.sampling_logprobs)))
+                                   list(r.sampling_logprobs), sampled_under_train_prompt=not ctx.spec.ruscarl))
     return out
 
 
@@ -302,7 +305,8 @@ def guided_samples(
             if bool(keep[t, j]):
                 # Sampling log-probs were taken under the hinted prompt: meaningless under the original one.
                 out.append(TrainSample(ctx.original_prompt_ids(prompts[i]), list(r.response_token_ids),
-                                       KIND_GUIDED, float(a_ref[t, j]), [0.0] * len(r.response_token_ids)))
+                                       KIND_GUIDED, float(a_ref[t, j]), [0.0] * len(r.response_token_ids),
+                                       sampled_under_train_prompt=False))
     valid_refs = a_ref[priv.valid]
     stats = {
         "guidance/retained": len(out),
@@ -330,7 +334,8 @@ def coupled_samples(
         for j, r in enumerate(priv.rollouts[t]):
             if bool(priv.valid[t, j]):
                 samples.append(TrainSample(ctx.original_prompt_ids(prompts[i]), list(r.response_token_ids),
-                                           KIND_NATURAL, float(adv_p[t, j]), [0.0] * len(r.response_token_ids)))
+                                           KIND_NATURAL, float(adv_p[t, j]), [0.0] * len(r.response_token_ids),
+                                           sampled_under_train_prompt=False))
     return samples, {"guidance/retained": int(priv.valid.sum()), "guidance/retained_frac": 1.0}
 
 
@@ -359,6 +364,7 @@ def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, to
         "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
         "kind": kind,
         "generation_logprobs": gen_lp,
+        "sampled_under_train_prompt": torch.tensor([float(s.sampled_under_train_prompt) for s in samples]),
         "natural_token_count": torch.full((b,), natural_tokens),
         "guided_seq_count": torch.full((b,), guided_seqs),
     }

@@ -170,7 +170,27 @@ def check_batches(tree: Mapping[str, Any], layout: PolicyLayout) -> list[PlanIss
     if gbs is not None and gbs % slice_rows:
         out.append(PlanIssue("nemo.policy.train_global_batch_size",
                              f"{gbs} is not a multiple of DP {layout.dp} x train_micro_batch_size {mbs}"))
+    most = max_train_rows(tree)
+    if gbs is not None and most is not None and gbs < most:
+        # The nemo backend pads every step to exactly train_global_batch_size rows (constant LR-scheduler ticks).
+        out.append(PlanIssue("nemo.policy.train_global_batch_size",
+                             f"{gbs} is less than the {most} training rows a step can have (prompts_per_step x "
+                             "(group_size + privileged_group_size))"))
     return out
+
+
+GUIDED_METHODS = ("rise", "uniform", "coupled")  # methods whose steps add privileged rows to the train batch
+
+
+def max_train_rows(tree: Mapping[str, Any]) -> int | None:
+    """Most rows one RL step can train on (None for distillation, which NeMo-RL batches itself)."""
+    if get(tree, "nemo.distillation", None) is not None:
+        return None
+    group = get(tree, "grpo.group_size", 8, int)
+    rows = get(tree, "grpo.prompts_per_step", 8, int) * group
+    if str(get(tree, "method", "rise")) in GUIDED_METHODS:
+        rows += get(tree, "grpo.prompts_per_step", 8, int) * (get(tree, "rise.privileged_group_size", None, int) or group)
+    return rows
 
 
 def check_sequence(tree: Mapping[str, Any], layout: PolicyLayout) -> list[PlanIssue]:

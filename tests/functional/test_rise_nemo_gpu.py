@@ -35,7 +35,7 @@ ONE_GPU = [
     "nemo.policy.megatron_cfg.tensor_model_parallel_size=1", "nemo.policy.megatron_cfg.pipeline_model_parallel_size=1",
     "nemo.policy.megatron_cfg.sequence_parallel=false", "nemo.policy.make_sequence_length_divisible_by=1",
     "nemo.policy.max_total_sequence_length=1024", "nemo.policy.sequence_packing.train_mb_tokens=1024",
-    "nemo.policy.sequence_packing.logprob_mb_tokens=1024", "nemo.policy.train_global_batch_size=16",
+    "nemo.policy.sequence_packing.logprob_mb_tokens=1024", "nemo.policy.train_global_batch_size=32",
     "nemo.policy.generation.vllm_cfg.tensor_parallel_size=1", "nemo.policy.generation.vllm_cfg.max_model_len=1024",
     "nemo.policy.generation.vllm_cfg.gpu_memory_utilization=0.4",
     "grpo.prompts_per_step=4", "grpo.group_size=4", "grpo.max_new_tokens=256", "rise.privileged_group_size=4",

@@ -194,6 +194,7 @@ def make_refit(events: list):
 def master_config(max_new_tokens: int, mbs: int = 2) -> dict:
     return {"policy": {
         "train_micro_batch_size": mbs, "logprob_batch_size": mbs, "make_sequence_length_divisible_by": 4,
+        "train_global_batch_size": 32,
         "tokenizer": {"name": "word-level"},
         "generation": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": max_new_tokens,
                        "colocated": {"enabled": True}, "stop_token_ids": None},

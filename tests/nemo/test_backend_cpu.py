@@ -181,13 +181,19 @@ def _batch():
     return {"input_ids": torch.arange(b * t).reshape(b, t), "input_lengths": torch.tensor([4, 5, 6, 3]),
             "token_mask": tm, "sample_mask": torch.ones(b), "advantages": torch.tensor([1., -1., .5, .2]),
             "kind": torch.tensor([0, 0, 1, 0]), "prev_logprobs": -torch.ones(b, t),
-            "generation_logprobs": -2 * torch.ones(b, t)}
+            "generation_logprobs": -2 * torch.ones(b, t),
+            # row 1: a natural-kind row sampled under another prompt (coupled privileged / RuscaRL)
+            "sampled_under_train_prompt": torch.tensor([1., 0., 0., 1.])}
 
 
-def test_behaviour_ratio_touches_only_natural_response_tokens():
+def test_behaviour_ratio_touches_only_response_tokens_sampled_under_the_train_prompt():
     out = use_behaviour_logprobs(_batch())
-    natural = torch.tensor([1, 1, 0, 1]).bool()[:, None] & _batch()["token_mask"].bool()
-    assert out["prev_logprobs"][natural].eq(-2).all() and out["prev_logprobs"][~natural].eq(-1).all()
+    own = torch.tensor([1, 0, 0, 1]).bool()[:, None] & _batch()["token_mask"].bool()
+    assert out["prev_logprobs"][own].eq(-2).all() and out["prev_logprobs"][~own].eq(-1).all()
+    bad = _batch()
+    del bad["sampled_under_train_prompt"]
+    with pytest.raises(BatchError, match="sampled_under_train_prompt"):
+        use_behaviour_logprobs(bad)
 
 
 def test_train_batch_padding_and_errors():

@@ -18,6 +18,7 @@ Modules (NeMo-RL is imported lazily, inside functions, except in ``env_actor``):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -31,6 +32,7 @@ from rise_nemo.backends.nemo.config import (
 )
 
 NEMO_RL_COMMIT = "81aa43dda4765b0429cf31dab44441e4e4383911"  # tag v0.7.0
+log = logging.getLogger("rise_nemo.backends.nemo")
 
 
 def plain_recipe(cfg: Any) -> dict[str, Any]:
@@ -78,13 +80,36 @@ def nemo_dataset(prompts, encode, min_size: int) -> list[dict[str, Any]]:
     return datums
 
 
+MEGATRON_COMMON = ("iter_0000000", "common.pt")  # Megatron-Bridge's first-iteration common state file
+
+
+def resume_paths(policy_dir: Path) -> tuple[str, str | None]:
+    """(weights_path, optimizer_path) for building a NeMo-RL Policy from ``<checkpoint>/policy``.
+
+    NeMo-RL's own rule (``CheckpointManager.get_resume_paths``, nemo_rl/utils/checkpoint.py:150-193):
+    a DTensor checkpoint has a separate ``optimizer`` directory; a Megatron checkpoint embeds optimizer and
+    LR-scheduler state in ``weights/iter_0000000/common.pt`` (the worker's save_checkpoint writes it there,
+    megatron_policy_worker.py:1666-1724), and ``optimizer_path`` is then only the flag that turns on
+    ``load_optim`` (models/megatron/setup.py:918). Passing None there restarts Adam and the LR schedule.
+    """
+    weights, optimizer = policy_dir / "weights", policy_dir / "optimizer"
+    if optimizer.exists():
+        return str(weights), str(optimizer)
+    common = weights.joinpath(*MEGATRON_COMMON)
+    if common.exists():
+        import torch
+
+        if "optimizer" in torch.load(common, map_location="cpu"):  # the same load NeMo-RL does
+            return str(weights), str(optimizer)
+    log.warning("resuming from %s without optimizer state (none saved): Adam and the LR schedule restart", weights)
+    return str(weights), None
+
+
 def _policy_with_resume(policy_cls: Any, resume_dir: Path | None, **kwargs: Any) -> Any:
     """``policy_factory`` for grpo.setup(): NeMo-RL loads weights/optimizer only when the Policy is built,
     so resuming from rise_nemo's own checkpoint (runs/<name>/checkpoints/step_N/policy) happens here."""
     if resume_dir is not None:
-        kwargs["weights_path"] = str(resume_dir / "weights")
-        optimizer = resume_dir / "optimizer"
-        kwargs["optimizer_path"] = str(optimizer) if optimizer.exists() else None
+        kwargs["weights_path"], kwargs["optimizer_path"] = resume_paths(resume_dir)
     return policy_cls(**kwargs)
 
 

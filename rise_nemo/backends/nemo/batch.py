@@ -10,7 +10,7 @@ so it is tested on CPU without NeMo-RL. Three jobs:
   the global batch and carried as per-sample columns, rows padded to a multiple of DP x micro-batch
   (padding rows have sample_mask 0), the sequence axis padded to ``make_sequence_length_divisible_by``;
 - off-policy correction for rollouts from a different engine (FP8 vLLM): the PPO ratio of the natural rows
-  is taken against the sampler's own log-probs (see ``use_behaviour_logprobs``).
+  is taken against the sampler's own log-probs where that is valid (see ``use_behaviour_logprobs``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from typing import Any
 
 import torch
 
+from rise_nemo.core.logprobs import ppo_reference_logprobs
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL, Rollout
 
 PER_TOKEN_KEYS = ("input_ids", "token_mask", "generation_logprobs", "prev_logprobs", "reference_policy_logprobs")
-PER_SAMPLE_KEYS = ("input_lengths", "sample_mask", "advantages", "kind", "natural_token_count", "guided_seq_count")
+PER_SAMPLE_KEYS = ("input_lengths", "sample_mask", "advantages", "kind", "natural_token_count", "guided_seq_count",
+                   "sampled_under_train_prompt")
 REQUIRED_KEYS = ("input_ids", "input_lengths", "token_mask", "sample_mask", "advantages", "kind")
 
 
@@ -135,17 +137,17 @@ def attach_global_counts(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 def use_behaviour_logprobs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Off-policy correction for rollouts sampled by another engine (e.g. FP8 vLLM vs. the bf16 trainer).
 
-    The clipped surrogate of eq. 12 uses ratio = pi_theta / pi_old. Setting pi_old to the SAMPLER's
-    log-probs (``generation_logprobs``) on natural rows makes that ratio the importance weight of the
-    behaviour policy that actually produced the tokens, clipped as in PPO, so the sampler/trainer mismatch
-    is corrected by the core objective itself (no second formula here). Guided rows keep the trainer's
-    log-probs: they were sampled under the hinted prompt, so their sampler log-probs do not apply.
+    ``prev_logprobs`` becomes each row's PPO reference as ``core.logprobs.ppo_reference_logprobs`` decides:
+    the sampler's log-probs only on rows sampled under the prompt they are trained on (the batch column
+    ``sampled_under_train_prompt``), the trainer's recomputed ones everywhere else (guided, coupled
+    privileged and RuscaRL rows). The core objective then corrects the mismatch itself (no second formula).
     """
-    if "generation_logprobs" not in batch or "prev_logprobs" not in batch:
-        raise BatchError("importance-sampling correction needs 'generation_logprobs' and 'prev_logprobs'")
-    natural_tokens = (batch["kind"] == KIND_NATURAL)[:, None] & batch["token_mask"].bool()  # [B, T]
+    for key in ("generation_logprobs", "prev_logprobs", "sampled_under_train_prompt"):
+        if key not in batch:
+            raise BatchError(f"importance-sampling correction needs {key!r} in the training batch")
     out = dict(batch)
-    out["prev_logprobs"] = torch.where(natural_tokens, batch["generation_logprobs"], batch["prev_logprobs"])
+    out["prev_logprobs"] = ppo_reference_logprobs(batch["prev_logprobs"], batch["generation_logprobs"],
+                                                  batch["token_mask"], batch["sampled_under_train_prompt"])
     return out
 
 
@@ -189,9 +191,25 @@ def to_nemo_train_batch(
     seq_multiple: int,
     pad_id: int,
     behaviour_ratio: bool,
+    global_batch_size: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], int]:
-    """The orchestration's batch -> the dict handed to NeMo-RL's ``Policy.train`` (as one global batch)."""
-    check_train_batch(batch)
+    """The orchestration's batch -> the dict handed to NeMo-RL's ``Policy.train`` (as one global batch).
+
+    ``global_batch_size`` (NeMo-RL's ``policy.train_global_batch_size``): rows are padded to exactly that many,
+    so that the ``gbs`` of every train call, which is what Megatron's LR scheduler advances by, is constant.
+    Without it rows are padded to the next multiple of DP x micro-batch.
+    """
+    b = check_train_batch(batch)[0]
+    row_multiple = dp_size * micro_batch_size
+    if global_batch_size is not None:
+        if global_batch_size % row_multiple:
+            raise BatchError(f"recipe key nemo.policy.train_global_batch_size: {global_batch_size} is not a multiple "
+                             f"of DP {dp_size} x train_micro_batch_size {micro_batch_size}")
+        if b > global_batch_size:
+            raise BatchError(f"recipe key nemo.policy.train_global_batch_size: this step has {b} training rows, more "
+                             f"than {global_batch_size}; set it to at least prompts_per_step x (group_size + "
+                             "privileged_group_size)")
+        row_multiple = global_batch_size
     if "prev_logprobs" not in batch:
         raise BatchError("training batch is missing key 'prev_logprobs' (call Policy.get_logprobs first)")
     out = dict(batch)
@@ -202,7 +220,7 @@ def to_nemo_train_batch(
     if behaviour_ratio:
         out = use_behaviour_logprobs(out)
     out = attach_global_counts(out)
-    return pad_train_batch(out, dp_size * micro_batch_size, seq_multiple, pad_id)
+    return pad_train_batch(out, row_multiple, seq_multiple, pad_id)
 
 
 # Values NeMo-RL's Megatron worker stamps on every micro-batch record unchanged (not partial sums).

@@ -41,6 +41,10 @@ DERIVED: dict[str, str] = {
     "grpo.max_num_epochs": "train.steps",
     "loss_fn.reference_policy_kl_penalty": "grpo.kl_coef",
     "grpo.skip_reference_policy_logprobs_calculation": "grpo.kl_coef",
+    "checkpointing.enabled": "train.checkpoint_every",
+    "checkpointing.save_period": "train.checkpoint_every",
+    "checkpointing.keep_top_k": "train.keep_checkpoints",
+    "checkpointing.metric_name": "train.keep_checkpoints",
 }
 
 
@@ -139,7 +143,30 @@ def derived_values(recipe: Mapping[str, Any], run_dir: str) -> dict[str, Any]:
             "distillation.seed": int(get(recipe, "run.seed", 0)),
             "distillation.max_num_steps": int(get(recipe, "train.steps")),
         })
+    out.update(checkpointing_values(recipe))
     return out
+
+
+def checkpointing_values(recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """NeMo-RL's ``checkpointing`` block from ``train.checkpoint_every`` / ``train.keep_checkpoints``.
+
+    grpo: rise_nemo's own loop writes ``<run>/checkpoints`` (policy weights + optimizer through NeMo-RL), so
+    NeMo-RL's manager stays off. distillation: NeMo-RL's ``distillation_train`` is the loop, so its manager
+    must save, with the same meaning as rise_nemo's keys: every ``checkpoint_every`` steps and always at
+    the last step (0 = only at the end), the newest ``keep_checkpoints`` kept (0 = all). NeMo-RL saves
+    when ``(step + 1) % save_period == 0`` or at the last step (algorithms/distillation.py:950-961), and
+    keeps the newest ``keep_top_k`` when ``metric_name`` is None (utils/checkpoint.py remove_old_checkpoints).
+    """
+    if algorithm(recipe) != "distillation":
+        return {"checkpointing.enabled": False}
+    every = int(get(recipe, "train.checkpoint_every", 10))
+    keep = int(get(recipe, "train.keep_checkpoints", 2))
+    return {
+        "checkpointing.enabled": True,
+        "checkpointing.save_period": every if every > 0 else max(1, int(get(recipe, "train.steps"))),
+        "checkpointing.keep_top_k": keep if keep > 0 else None,
+        "checkpointing.metric_name": None,
+    }
 
 
 def nemo_rl_dir(recipe: Mapping[str, Any]) -> Path:

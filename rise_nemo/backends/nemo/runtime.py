@@ -86,6 +86,18 @@ class NemoSession:
             self.generation.finish_generation()
             self.generating = False
 
+    def to_training(self) -> None:
+        """Megatron weights, gradients and optimizer state back on the GPUs (``prepare_for_training``).
+
+        Needed before ``train`` AND before ``save_checkpoint``: a colocated refit (every generation window,
+        so every evaluation) ends with ``offload_after_refit`` (nemo_rl/algorithms/grpo.py:1961-1962), and
+        NeMo-RL itself always reloads before saving (grpo.py:2886 ``policy.prepare_for_training()`` right
+        before ``policy.save_checkpoint``). Phase order: generation window -> close -> logprob inference ->
+        training -> save; an evaluation between training and save re-offloads, so save reloads first.
+        """
+        self.close_generation()
+        self.policy.prepare_for_training()
+
 
 class NemoGenerator:
     """``interfaces.Generator``: chat prompts -> n vLLM samples each, with the sampler's log-probs."""
@@ -151,6 +163,12 @@ class NemoPolicy:
         self.logprob_batch = int(pcfg.get("logprob_batch_size") or self.micro_batch)
         self.seq_multiple = int(pcfg.get("make_sequence_length_divisible_by") or 1)
         self.pad_id = int(session.tokenizer.pad_token_id)
+        # Megatron's LR scheduler counts SAMPLES: warmup/decay = iters x train_global_batch_size (Megatron-
+        # Bridge's ConfigContainer; NeMo-RL passes policy.train_global_batch_size, megatron/setup.py:1013) and
+        # each train() call advances it by the gbs it was given (megatron_policy_worker.py:801-806). Every
+        # step is therefore padded to exactly this many rows and trained with gbs = it: one optimiser step
+        # and one scheduler iteration per step, whatever the number of guided rows.
+        self.global_batch = int(pcfg["train_global_batch_size"])
 
     @property
     def dp_size(self) -> int:
@@ -184,10 +202,11 @@ class NemoPolicy:
             self.session.policy.prepare_for_lp_inference()
             batch["reference_policy_logprobs"] = self.reference_logprobs(batch)
         train_data, rows = to_nemo_train_batch(
-            batch, self.dp_size, self.micro_batch, self.seq_multiple, self.pad_id, self.behaviour_ratio
+            batch, self.dp_size, self.micro_batch, self.seq_multiple, self.pad_id, self.behaviour_ratio,
+            global_batch_size=self.global_batch,
         )
-        gbs = train_data["input_ids"].shape[0]  # the whole step is ONE global batch: one optimiser step
-        self.session.policy.prepare_for_training()
+        gbs = train_data["input_ids"].shape[0]  # == global_batch: ONE optimiser step, ONE scheduler iteration
+        self.session.to_training()
         self.session.stale = True
         result = self.session.policy.train(
             self.session.to_batched(train_data), RiseLossFunction(loss_fn), gbs=gbs, mbs=self.micro_batch
@@ -204,7 +223,7 @@ class NemoPolicy:
     # -- checkpoints: NeMo-RL writes sharded Megatron weights + optimizer; orchestration calls these hooks
     def save_checkpoint(self, path: str | Path) -> None:
         path = Path(path)
-        self.session.close_generation()
+        self.session.to_training()  # weights may be offloaded after an evaluation's refit
         self.session.policy.save_checkpoint(
             weights_path=str(path / "weights"), optimizer_path=str(path / "optimizer"),
             tokenizer_path=str(path / "tokenizer"),
