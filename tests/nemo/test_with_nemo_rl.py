@@ -336,3 +336,172 @@ def test_distill_entry_point_drives_nemo_distillation(tmp_path, monkeypatch):
     assert seen["env"][0] == "rubric" and seen["env"][1]["type"] == "rule"
     args = seen["train_args"]
     assert args[:3] == ("student", "teacher", "generation") and set(args[7]) == {"rubric"}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Issue 12: the cluster-path defects checked against NeMo-RL's real code (the CPU versions, with stand-ins,
+# are in test_cluster_path.py).
+
+
+def _megatron_like_policy_dir(root: Path, with_optimizer: bool) -> Path:
+    """A policy checkpoint as the Megatron worker leaves it: optimizer state embedded in
+    weights/iter_0000000/common.pt, no optimizer directory (megatron_policy_worker.py:1704-1724)."""
+    common = root / "policy" / "weights" / "iter_0000000" / "common.pt"
+    common.parent.mkdir(parents=True)
+    torch.save({"iteration": 0, **({"optimizer": {"param_groups": []}} if with_optimizer else {})}, common)
+    return root
+
+
+def test_issue12_resume_paths_equal_nemo_rl_checkpoint_manager(tmp_path):
+    """Item 1: our resume rule gives what NeMo-RL's CheckpointManager.get_resume_paths gives."""
+    import warnings
+
+    from nemo_rl.utils.checkpoint import CheckpointManager
+
+    from rise_nemo.backends.nemo import resume_paths
+
+    dtensor = tmp_path / "dtensor"
+    (dtensor / "policy" / "optimizer").mkdir(parents=True)
+    for step_dir in (_megatron_like_policy_dir(tmp_path / "megatron", True),
+                     _megatron_like_policy_dir(tmp_path / "no_optim", False), dtensor):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            theirs = CheckpointManager.get_resume_paths(step_dir)
+        ours = resume_paths(step_dir / "policy")
+        assert ours == tuple(None if p is None else str(p) for p in theirs), step_dir
+    assert resume_paths(tmp_path / "megatron" / "policy")[1] is not None  # load_optim on resume
+
+
+def _session_with_real_refit(monkeypatch):
+    """NemoSession on MagicMock policy/vLLM with NeMo-RL's real refit_policy_generation (colocated)."""
+    from nemo_rl.algorithms import grpo as grpo_mod
+
+    from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession
+
+    class _Ray:
+        @staticmethod
+        def get(x):
+            return [True]
+
+    monkeypatch.setattr(grpo_mod, "ray", _Ray)
+    tok = make_tokenizer()
+    vllm = CpuVllm(len(tok), 10, tok.pad_token_id, tok.eos_token_id, [])
+    generation = _mock_generation(vllm)
+    policy = MagicMock()
+    policy.sharding_annotations.get_axis_size.return_value = 2
+    cfg = {"policy": {"train_micro_batch_size": 2, "logprob_batch_size": 2, "train_global_batch_size": 32,
+                      "make_sequence_length_divisible_by": 4, "tokenizer": {"name": "w"}, "refit_buffer_size_gb": 1,
+                      "generation": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 10,
+                                     "colocated": {"enabled": True}, "stop_token_ids": None}}}
+    session = NemoSession(policy, generation, tok, cfg, refit=grpo_mod.refit_policy_generation)
+    return session, NemoPolicy(session, behaviour_ratio=False), NemoGenerator(session), policy
+
+
+def test_issue12_save_after_real_refit_reloads_weights_first(tmp_path, monkeypatch):
+    """Item 2: NeMo-RL's refit ends with policy.offload_after_refit (grpo.py:1961-1962); saving after an
+    evaluation's window must call prepare_for_training first, as grpo_train does (grpo.py:2886)."""
+    from rise_nemo.interfaces import SamplingParams
+
+    session, policy_if, generator, policy = _session_with_real_refit(monkeypatch)
+    generator.generate([list(p.messages) for p in make_prompts(2)], 2, SamplingParams(10, 1.0, 1.0))
+    policy_if.save_checkpoint(tmp_path / "policy")
+    names = [c[0] for c in policy.method_calls]
+    assert "offload_after_refit" in names  # the real refit offloaded Megatron
+    last_offload = max(i for i, n in enumerate(names) if n == "offload_after_refit")
+    assert names.index("prepare_for_training", last_offload) < names.index("save_checkpoint", last_offload)
+
+
+@pytest.mark.parametrize("name", ["opd_14b_teacher32b.yaml", "opd_4b_teacher14b.yaml"])
+def test_issue12_opd_master_config_checkpoints(name, tmp_path, monkeypatch):
+    """Item 3: NeMo-RL's distillation MasterConfig accepts the derived checkpointing block and its
+    CheckpointManager is built from it (enabled, save_period, newest keep_top_k, no metric)."""
+    from nemo_rl.algorithms import distillation
+    from nemo_rl.utils.checkpoint import CheckpointManager
+
+    from rise_nemo.backends.nemo import plain_recipe
+    from rise_nemo.backends.nemo.config import build_master_config
+    from rise_nemo.config.loader import load_config
+
+    nemo_dir = Path(nemo_rl.__file__).resolve().parents[1]
+    if not (nemo_dir / "examples" / "configs").exists():
+        pytest.skip("NeMo-RL example configs not found next to nemo_rl")
+    monkeypatch.setenv("NEMO_RL_DIR", str(nemo_dir))
+    recipe = plain_recipe(load_config(REPO / "recipes" / name))
+    master = distillation.MasterConfig(**build_master_config(recipe, str(tmp_path)))
+    ck = master.checkpointing
+    assert ck["enabled"] is True and ck["metric_name"] is None
+    assert ck["save_period"] == recipe["train"]["checkpoint_every"]
+    assert ck["keep_top_k"] == recipe["train"]["keep_checkpoints"]
+    manager = CheckpointManager(ck)
+    assert manager.keep_top_k == recipe["train"]["keep_checkpoints"] and manager.metric_name is None
+
+
+def test_issue12_behaviour_ratio_reference_through_clipped_pg_loss():
+    """Item 4: NeMo-RL's ClippedPGLossFn takes prev_logprobs as pi_old. A coupled privileged row (sampled under
+    the hinted prompt, placeholder sampler log-probs 0.0) must keep the trainer's log-probs as its reference,
+    so with the current policy = the old policy every ratio is exactly 1 (before: exp(log p) < 1, clipped)."""
+    from nemo_rl.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
+    from nemo_rl.algorithms.loss.wrapper import wrap_loss_fn_with_input_preparation
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    from rise_nemo.backends.nemo.batch import to_nemo_train_batch
+
+    data = _natural_batch(b=4)
+    logits = torch.randn(*data["input_ids"].shape, 32, generator=torch.Generator().manual_seed(2))
+    curr, _ = prepare_fn()(logits, BatchedDataDict(dict(data)), None)
+    curr = torch.cat([torch.zeros(4, 1), curr["next_token_logprobs"]], dim=1)  # our convention, column 0 = 0
+    data["prev_logprobs"] = curr.clone()  # the trainer's recomputed log-probs = the current policy
+    data["generation_logprobs"] = curr.clone()
+    data["generation_logprobs"][1] = 0.0  # row 1: coupled privileged row, placeholder sampler log-probs
+    data["sampled_under_train_prompt"] = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    for k in ("natural_token_count", "guided_seq_count"):
+        del data[k]
+    train, _ = to_nemo_train_batch(data, 1, 1, 1, 0, behaviour_ratio=True, global_batch_size=4)
+    train["advantages"] = train["advantages"][:, None].expand_as(train["token_mask"]).clone()
+    mask = train["token_mask"][:, 1:] * train["sample_mask"][:, None]
+    loss_fn = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28,
+                                                  reference_policy_kl_penalty=0.0, token_level_loss=True))
+    _, metrics = wrap_loss_fn_with_input_preparation(logits, BatchedDataDict(train), train["sample_mask"].sum(),
+                                                     mask.sum(), loss_fn=loss_fn, prepare_fn=prepare_fn())
+    assert float(metrics["probs_ratio_min"]) == pytest.approx(1.0, abs=1e-5)
+    assert float(metrics["probs_ratio_max"]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_issue12_real_policy_train_gets_a_constant_gbs(monkeypatch):
+    """Item 6: NeMo-RL's Policy.train forwards gbs to the workers, whose LR scheduler steps by it once per call
+    (megatron_policy_worker.py:801-806) against warmup = iters x train_global_batch_size; our steps, with
+    different row counts, must all train with gbs == train_global_batch_size, sharded by NeMo-RL itself."""
+    from nemo_rl.models.policy.lm_policy import Policy
+
+    from rise_nemo.backends.nemo.runtime import NemoPolicy, NemoSession
+
+    real = Policy.__new__(Policy)
+    real.cfg = {"train_global_batch_size": 32, "train_micro_batch_size": 2}
+    real.use_dynamic_batches, real.use_sequence_packing, real.flops_tracker = False, False, None
+    real.sharding_annotations = MagicMock()
+    real.sharding_annotations.get_axis_size.return_value = 2
+    seen = []
+
+    def run_sharded(method, data, common_kwargs, **k):
+        seen.append((common_kwargs["gbs"], [int(s["input_ids"].shape[0]) for s in data]))
+        return []
+
+    real.worker_group = MagicMock()
+    real.worker_group.run_all_workers_sharded_data.side_effect = run_sharded
+    real.worker_group.get_all_worker_results.return_value = [
+        {"global_loss": torch.tensor(0.0), "grad_norm": torch.tensor(1.0), "all_mb_metrics": {"loss": [0.0]}}]
+    tok = make_tokenizer()
+    cfg = {"policy": {"train_micro_batch_size": 2, "logprob_batch_size": 2, "train_global_batch_size": 32,
+                      "make_sequence_length_divisible_by": 4, "tokenizer": {"name": "w"},
+                      "generation": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 10,
+                                     "colocated": {"enabled": True}, "stop_token_ids": None}}}
+    session = NemoSession(real, MagicMock(), tok, cfg, refit=lambda *a, **k: None)
+    monkeypatch.setattr(real, "prepare_for_training", lambda *a, **k: None, raising=False)
+    policy_if = NemoPolicy(session, behaviour_ratio=False)
+    for rows in (8, 20, 12):
+        data = _natural_batch(b=rows)
+        for k in ("natural_token_count", "guided_seq_count", "generation_logprobs"):
+            del data[k]
+        policy_if.train(data, functools.partial(rise_objective, cfg=ObjectiveConfig()))
+    assert [gbs for gbs, _ in seen] == [32, 32, 32]  # one scheduler iteration per step
+    assert all(shards == [16, 16] for _, shards in seen)  # NeMo-RL's own DP sharding of the padded batch
