@@ -14,12 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from cpu_nemo import CpuMegatronPolicy, CpuVllm, make_prompts, make_tokenizer, master_config  # noqa: E402
 
-from rise_nemo.backends.nemo import _policy_with_resume, resume_paths  # noqa: E402
-from rise_nemo.backends.nemo.config import (  # noqa: E402
-    NemoConfigError,
-    checkpointing_values,
-    validate_nemo_block,
-)
+from rise_nemo.backends.nemo import _policy_with_resume  # noqa: E402
+from rise_nemo.backends.nemo.config import NemoConfigError, validate_nemo_block  # noqa: E402
 from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession  # noqa: E402
 from rise_nemo.config import config_from_dict  # noqa: E402
 from rise_nemo.interfaces import KIND_NATURAL, SamplingParams  # noqa: E402
@@ -135,6 +131,8 @@ def run(tmp_path, method, steps=2, behaviour_ratio=False):
 
 
 def test_item1_resume_loads_the_optimizer_megatron_embedded_in_the_weights(tmp_path):
+    from rise_nemo.backends.nemo import resume_paths
+
     policy, generator, fake = backend()
     policy.save_checkpoint(tmp_path / "step_000002" / "policy")
     policy_dir = tmp_path / "step_000002" / "policy"
@@ -180,6 +178,7 @@ def test_item2_train_eval_save_order_in_the_loop(tmp_path):
 @pytest.mark.parametrize("name", ["opd_14b_teacher32b.yaml", "opd_4b_teacher14b.yaml"])
 def test_item3_opd_recipes_checkpoint_with_nemo_rl(name):
     from rise_nemo.backends.nemo import plain_recipe
+    from rise_nemo.backends.nemo.config import checkpointing_values
     from rise_nemo.config.loader import load_config
 
     tree = plain_recipe(load_config(REPO / "recipes" / name))
@@ -199,6 +198,7 @@ def test_item3_opd_recipes_checkpoint_with_nemo_rl(name):
 
 def test_item3_grpo_recipes_keep_nemo_rl_checkpointing_off():
     from rise_nemo.backends.nemo import plain_recipe
+    from rise_nemo.backends.nemo.config import checkpointing_values
     from rise_nemo.config.loader import load_config
 
     tree = plain_recipe(load_config(REPO / "recipes" / "rise_14b.yaml"))
