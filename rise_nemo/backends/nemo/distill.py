@@ -5,8 +5,9 @@
 The student samples with vLLM, the teacher scores the student's tokens (top-k logits), and the student
 minimises NeMo-RL's DistillationLossFn; this is NeMo-RL's own ``distillation_train`` — rise_nemo supplies
 the rubric prompts (the recipe's data: block) and the rubric judge as NeMo-RL's environment, so NeMo-RL's
-validation reports the rubric reward of the student. The RL recipes' ``rise-nemo eval`` evaluates the
-resulting checkpoint like any other policy.
+validation reports the rubric reward of the student. NeMo-RL's checkpoint manager saves the student
+(weights + optimizer) under ``<run dir>/nemo_rl_checkpoints/step_N/`` every ``train.checkpoint_every`` steps
+and at the end, keeping the newest ``train.keep_checkpoints`` (``config.checkpointing_values``).
 """
 
 from __future__ import annotations
