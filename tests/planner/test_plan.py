@@ -185,3 +185,18 @@ def test_cli_exit_codes_and_no_torch(tmp_path):
     assert "nemo.policy.megatron_cfg.tensor_model_parallel_size" in broken.stdout
     missing = _cli(str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "not found" in missing.stderr
+
+
+def test_global_batch_must_hold_every_row_of_a_step():
+    """Issue 12 item 6: the nemo backend pads every step to train_global_batch_size rows (Megatron's scheduler
+    advances by the gbs of each train call), so it must hold natural + privileged rows."""
+    tree = tiny_tree()
+    tree["method"] = "rise"
+    tree["rise"] = {"privileged_group_size": 8}
+    tree["nemo"]["policy"]["train_global_batch_size"] = 64  # 8 x 8 natural only
+    assert any(i.startswith("nemo.policy.train_global_batch_size") and "128 training rows" in i for i in issues(tree))
+    tree["nemo"]["policy"]["train_global_batch_size"] = 128
+    assert not any("training rows" in i for i in issues(tree))
+    tree["method"] = "rubric_rl"  # no privileged rows
+    tree["nemo"]["policy"]["train_global_batch_size"] = 64
+    assert not any("training rows" in i for i in issues(tree))
