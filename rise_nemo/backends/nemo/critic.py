@@ -28,7 +28,6 @@ No NeMo-RL import at module import time (the loss wrapper must unpickle in NeMo-
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 import torch
 
 from rise_nemo.backends.nemo.batch import pad_train_batch, sum_microbatch_metrics
+from rise_nemo.backends.nemo.config import value_config
 from rise_nemo.backends.nemo.loss import Objective, _nemo_enums
 
 VALUE_COUNT_KEY = "value_token_count"  # [B]: sum(token_mask * sample_mask) over the WHOLE global batch
@@ -178,37 +178,6 @@ class NemoCritic:
 
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError("nemo backend resumes the critic through load_checkpoint(dir)")
-
-
-# Keys of NeMo-RL's ValueConfig (nemo_rl/models/value/config.py) taken from the policy's config: the critic
-# is the same model family on the same GPUs, with its own optimizer (set in the recipe's nemo.value block).
-_SHARED_WITH_POLICY = ("model_name", "tokenizer", "train_global_batch_size", "train_micro_batch_size",
-                       "logprob_batch_size", "max_total_sequence_length", "make_sequence_length_divisible_by",
-                       "precision", "max_grad_norm", "dynamic_batching", "sequence_packing", "megatron_cfg",
-                       "hf_config_overrides")
-
-
-def _merge(base: dict, override: Mapping[str, Any]) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in override.items():
-        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
-
-
-def value_config(policy: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """NeMo-RL ``ValueConfig`` for the critic: the policy's model, batch shape and Megatron layout, a
-    Megatron value worker (no DTensor, no reward-model head), then the recipe's ``nemo.value`` overrides
-    (at least the critic's optimizer lr). FP8 training is switched off for the critic unless the
-    overrides turn it on: the value head's regression target gains nothing from it."""
-    cfg = {k: copy.deepcopy(policy[k]) for k in _SHARED_WITH_POLICY if k in policy}
-    cfg["dtensor_cfg"] = {"enabled": False}
-    cfg["reward_model_cfg"] = {"enabled": False}
-    megatron = cfg.setdefault("megatron_cfg", {})
-    megatron["enabled"] = True
-    if "fp8_cfg" in megatron:
-        megatron["fp8_cfg"] = {**megatron["fp8_cfg"], "enabled": False}
-    cfg.setdefault("hf_config_overrides", {})
-    return _merge(cfg, overrides or {})
 
 
 def build_value(train_cluster: Any, tokenizer: Any, config: Mapping[str, Any], resume_dir: Path | None,

@@ -66,6 +66,7 @@ class NemoSession:
         self.generating = False
         self.refits = 0
         self.resumed_from: Path | None = None  # checkpoint the policy was built from (set by build())
+        self.critic: Any = None  # NemoCritic when the recipe has a value model (set by build())
 
     def open_generation(self) -> None:
         if self.generating:
