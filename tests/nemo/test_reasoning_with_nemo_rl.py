@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from unittest.mock import create_autospec
+from unittest.mock import MagicMock, create_autospec
 
 import pytest
 import torch
@@ -59,6 +59,9 @@ def test_given_prefix_gets_zero_gradient_through_nemo_loss_wrapper():
     batch = _with_counts(_ppo_batch(b=4, t=12, given=given))
     batch["advantages"] = torch.tensor([1.0, -0.5, 0.7, -1.2])
     logits = torch.randn(4, 12, VOCAB, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    # on-policy (ratio 1, nothing clipped): every sampled token gets a gradient
+    current = torch.log_softmax(logits.detach(), -1)[:, :-1].gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    batch["prev_logprobs"] = torch.cat([torch.zeros(4, 1), current], dim=1)
     loss_fn = RiseLossFunction(functools.partial(rise_objective, cfg=ObjectiveConfig(lambda_guide=0.0)))
     loss, _ = _through_nemo(loss_fn, batch, logits)
     (grad,) = torch.autograd.grad(loss, logits)
@@ -97,6 +100,7 @@ def _autospec_value(tok, dp=2):
 
     cpu = CpuValue(len(tok), dp, [])
     value = create_autospec(Value, instance=True)
+    value.sharding_annotations = MagicMock()  # an instance attribute of Value (lm_value.py:137), not in the spec
     value.sharding_annotations.get_axis_size.side_effect = lambda name: {"data_parallel": dp}[name]
     for name in ("get_values", "train", "prepare_for_training", "prepare_for_inference", "finish_training",
                  "finish_inference", "save_checkpoint"):
