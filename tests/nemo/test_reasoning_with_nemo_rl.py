@@ -182,3 +182,12 @@ def test_value_loss_adapter_equals_mse_value_loss_summed_over_microbatches():
         total_theirs = total_theirs + theirs(values[rows], mb, batch["sample_mask"].sum(), gvt)[0]
     assert float(total_ours) == pytest.approx(float(total_theirs), rel=1e-6)
     torch.testing.assert_close(torch.autograd.grad(total_ours, values)[0], torch.autograd.grad(total_theirs, values)[0])
+
+
+@pytest.mark.parametrize("name", ["ppo_math_7b.yaml", "grpo_math_qwen3_4b.yaml"])
+def test_reasoning_recipes_pass_nemo_rl_master_config(name, tmp_path, monkeypatch):
+    """The two reasoning recipes merged over their NeMo-RL example config pass NeMo-RL's GRPO MasterConfig
+    and keep their layout (the same check test_with_nemo_rl.py runs for the other recipes)."""
+    from test_with_nemo_rl import test_recipes_pass_nemo_rl_master_config as check
+
+    check(name, tmp_path, monkeypatch)
