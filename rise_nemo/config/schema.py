@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-METHODS = ("rise", "rubric_rl", "coupled", "uniform", "ruscarl", "opd")
+# "ppo" and "grpo" (the reasoning baselines, issue 9) are accepted here so their recipes validate; the
+# orchestration's method registry implements them.
+METHODS = ("rise", "rubric_rl", "coupled", "uniform", "ruscarl", "opd", "ppo", "grpo")
 BACKENDS = ("local", "nemo")
 
 
@@ -87,7 +89,9 @@ class DataCfg:
     source: Literal["persistent", "jsonl"] = "persistent"
     train_path: str | None = None
     eval_path: str | None = None
-    format: Literal["auto", "healthbench", "rubrichub", "rar", "rise"] = "auto"  # rise_nemo.data.loaders
+    # rubric formats (rise_nemo.data.loaders) or reasoning formats (rise_nemo.data.reasoning: math, gsm8k,
+    # reasoning) for the verifier-rewarded methods
+    format: Literal["auto", "healthbench", "rubrichub", "rar", "rise", "math", "gsm8k", "reasoning"] = "auto"
     skip_invalid: bool = False  # skip (and log) bad records instead of failing on the first
     max_train_prompts: int | None = None
     max_eval_prompts: int | None = None
@@ -125,7 +129,7 @@ class EvalCfg:
 class RecipeCfg:
     run: RunCfg = field(default_factory=RunCfg)
     backend: Literal["local", "nemo"] = "local"
-    method: Literal["rise", "rubric_rl", "coupled", "uniform", "ruscarl", "opd"] = "rise"
+    method: Literal["rise", "rubric_rl", "coupled", "uniform", "ruscarl", "opd", "ppo", "grpo"] = "rise"
     rise: RiseCfg = field(default_factory=RiseCfg)
     grpo: GrpoCfg = field(default_factory=GrpoCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)

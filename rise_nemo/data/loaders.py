@@ -21,13 +21,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from rise_nemo.core.rubric import Criterion, MachineCheck, Rubric, RubricError, RubricPrompt
 
-__all__ = ["load_rubric_prompts", "LoadedPrompts", "Skipped", "FORMATS", "parse_record"]
+__all__ = ["load_rubric_prompts", "LoadedPrompts", "Skipped", "FORMATS", "parse_record", "read_records"]
 
 log = logging.getLogger(__name__)
 
@@ -331,20 +331,20 @@ def parse_record(row: Any, where: str, fmt: str = "auto", default_id: str = "") 
     return _PARSERS[kind](row, where, default_id or where)
 
 
-def load_rubric_prompts(path: str | Path, fmt: str = "auto", skip_invalid: bool = False) -> LoadedPrompts:
-    """Load rubric-annotated prompts from a JSONL or parquet file.
+def read_records(
+    path: str | Path, parse: Callable[[Any, str, str], Any], skip_invalid: bool, what: str
+) -> tuple[list[Any], list[Skipped]]:
+    """The loading loop every dataset loader shares: JSONL or parquet rows -> ``parse(row, where, default_id)``.
 
-    Returns ``LoadedPrompts(prompts, skipped)``; ``skipped`` lists (file:line, reason) of the bad records
-    when ``skip_invalid`` is true (otherwise the first bad record raises RubricError). Prompt ids must be
-    unique in a file; records without an id get ``<file stem>-<line>``.
+    ``where`` is ``file:line``; ``default_id`` is ``<file stem>-<line>`` for rows without an id. Parsed items
+    must carry a ``prompt_id``, unique in the file. A bad row raises its RubricError, or with
+    ``skip_invalid`` is skipped and listed (file:line, reason) in the second return value.
     """
     path = Path(path)
-    if fmt not in FORMATS:
-        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     if not path.is_file():
-        raise FileNotFoundError(f"rubric data file not found: {path}")
+        raise FileNotFoundError(f"{what} data file not found: {path}")
     rows = _iter_parquet(path) if path.suffix == ".parquet" else _iter_jsonl(path)
-    prompts: list[RubricPrompt] = []
+    items: list[Any] = []
     skipped: list[Skipped] = []
     seen: dict[str, str] = {}
     for lineno, row in rows:
@@ -352,21 +352,38 @@ def load_rubric_prompts(path: str | Path, fmt: str = "auto", skip_invalid: bool 
         try:
             if isinstance(row, RubricError):
                 raise row
-            prompt = parse_record(row, where, fmt, default_id=f"{path.stem}-{lineno}")
-            if prompt.prompt_id in seen:
+            item = parse(row, where, f"{path.stem}-{lineno}")
+            if item.prompt_id in seen:
                 raise _err(
                     where,
                     "prompt_id",
-                    f"duplicate id {prompt.prompt_id!r} (first at {seen[prompt.prompt_id]})",
+                    f"duplicate id {item.prompt_id!r} (first at {seen[item.prompt_id]})",
                 )
         except RubricError as exc:
             if not skip_invalid:
                 raise
             skipped.append(Skipped(where, str(exc)))
             continue
-        seen[prompt.prompt_id] = where
-        prompts.append(prompt)
+        seen[item.prompt_id] = where
+        items.append(item)
     if skipped:
         log.warning("%s: skipped %d invalid record(s); first: %s", path, len(skipped), skipped[0].reason)
-    log.info("loaded %d rubric prompts from %s", len(prompts), path)
+    log.info("loaded %d %s from %s", len(items), what, path)
+    return items, skipped
+
+
+def load_rubric_prompts(path: str | Path, fmt: str = "auto", skip_invalid: bool = False) -> LoadedPrompts:
+    """Load rubric-annotated prompts from a JSONL or parquet file.
+
+    Returns ``LoadedPrompts(prompts, skipped)``; ``skipped`` lists (file:line, reason) of the bad records
+    when ``skip_invalid`` is true (otherwise the first bad record raises RubricError). Prompt ids must be
+    unique in a file; records without an id get ``<file stem>-<line>``.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+
+    def parse(row: Any, where: str, default_id: str) -> RubricPrompt:
+        return parse_record(row, where, fmt, default_id=default_id)
+
+    prompts, skipped = read_records(path, parse, skip_invalid, "rubric prompts")
     return LoadedPrompts(prompts, skipped)

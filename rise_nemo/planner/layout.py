@@ -111,6 +111,8 @@ class RecipeLayout:
     teacher: PolicyLayout | None
     judge: JudgeLayout | None
     issues: list[PlanIssue] = field(default_factory=list)
+    critic: PolicyLayout | None = None  # PPO's value model (nemo.value), time-shared with the policy
+    value_tree: dict[str, Any] | None = None  # {"nemo": {"value": full ValueConfig}} for the memory terms
 
 
 def check_divisibility(layout: PolicyLayout, gpus_per_node: int) -> list[PlanIssue]:
@@ -333,6 +335,12 @@ def read_layout(tree: Mapping[str, Any], resolve_model, nodes: int | None, gpus_
             max_model_len=get(tree, "nemo.plan.judge.max_model_len", 16384, int),
         )
     layout = RecipeLayout(name, total, gpn, train_nodes, policy, gen, teacher, judge, issues)
+    if get(tree, "nemo.value", None) is not None:
+        from rise_nemo.backends.nemo.config import value_config
+
+        layout.value_tree = {"nemo": {"value": value_config(get(tree, "nemo.policy"), get(tree, "nemo.value"))}}
+        layout.critic = _policy_layout(layout.value_tree, "nemo.value",
+                                       resolve_model(get(layout.value_tree, "nemo.value.model_name", typ=str)), world)
     layout.issues += validate(tree, layout)
     return layout
 
@@ -345,6 +353,8 @@ def validate(tree: Mapping[str, Any], layout: RecipeLayout) -> list[PlanIssue]:
     seq = get(tree, "nemo.policy.max_total_sequence_length", typ=int)
     if layout.generation is not None:
         out += check_generation(tree, layout.generation, layout.policy.model, layout.gpus_per_node, seq)
+    if layout.critic is not None:
+        out += check_divisibility(layout.critic, layout.gpus_per_node)
     if layout.teacher is not None:
         out += check_divisibility(layout.teacher, layout.gpus_per_node)
         if layout.teacher.model.vocab != layout.policy.model.vocab:

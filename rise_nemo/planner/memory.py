@@ -3,7 +3,8 @@
 A colocated step has two phases on the same GPUs: **training** (Megatron policy resident: weights, grads,
 optimizer shard, activations, logits; vLLM asleep) and **generation** (vLLM awake with its memory pool;
 policy weights and optimizer offloaded to host, as NeMo-RL's ``offload_before_refit`` /
-``offload_after_refit`` do). Distillation adds a **teacher** phase (teacher forward only). A judge runs on
+``offload_after_refit`` do). Distillation adds a **teacher** phase (teacher forward only); PPO-style
+methods add a **critic** phase (the value model, a second full model with its own optimizer, in training). A judge runs on
 its own nodes. The peak of each phase must fit the GPU.
 
 Byte counts (per parameter on a rank, after dividing the stage's parameters by TP):
@@ -62,18 +63,21 @@ def activation_bytes_per_token_layer(model: ModelShape, tp: int, sequence_parall
     return 2.0 * (h_terms + tp_terms)
 
 
-def training_terms(tree: Mapping[str, Any], layout: PolicyLayout, prefix: str = "nemo.policy") -> list[Term]:
+def training_terms(tree: Mapping[str, Any], layout: PolicyLayout, prefix: str = "nemo.policy",
+                   phase: str = "training", who: str = "policy", outputs: int | None = None) -> list[Term]:
+    """Terms of one Megatron model in training. ``outputs``: width of the last layer's output (the vocabulary
+    for an LM head, 1 for a value head)."""
     m, tp, pp, cp, dp = layout.model, layout.tp, layout.pp, layout.cp, max(1, layout.dp)
     mcfg = f"{prefix}.megatron_cfg"
     params = stage_params(m, pp) / tp
     fp8 = bool(get(tree, f"{mcfg}.fp8_cfg.enabled", False, bool))
     fp8_param = fp8 and bool(get(tree, f"{mcfg}.fp8_cfg.fp8_param", False, bool))
     if fp8_param:
-        w_bytes, w_label = 1.0, "policy weights (FP8 params)"
+        w_bytes, w_label = 1.0, f"{who} weights (FP8 params)"
     elif fp8:
-        w_bytes, w_label = 3.0, "policy weights (bf16 + FP8 copy)"
+        w_bytes, w_label = 3.0, f"{who} weights (bf16 + FP8 copy)"
     else:
-        w_bytes, w_label = 2.0, "policy weights (bf16)"
+        w_bytes, w_label = 2.0, f"{who} weights (bf16)"
     grad_bytes = 4.0 if get(tree, f"{mcfg}.distributed_data_parallel_config.grad_reduce_in_fp32", False, bool) else 2.0
     precision_aware = bool(get(tree, f"{mcfg}.optimizer.use_precision_aware_optimizer", False, bool))
     opt_bytes = 8.0 if precision_aware else 12.0
@@ -101,16 +105,29 @@ def training_terms(tree: Mapping[str, Any], layout: PolicyLayout, prefix: str = 
         act_one_mb = tokens * layers_per_stage * per_layer
         act_label = "activations (no recompute)"
     in_flight = pp  # 1F1B: the first stage holds up to PP micro-batches
-    logits = tokens * m.vocab / tp * 8.0
+    width = m.vocab if outputs is None else outputs
+    logits = tokens * width / (tp if outputs is None else 1) * 8.0
     return [
-        Term("training", w_label, params * w_bytes / GIB),
-        Term("training", f"grads ({int(grad_bytes * 8)}-bit buffer)", params * grad_bytes / GIB),
-        Term("training", f"optimizer states ({'/DP ' + str(opt_shards) if distributed else 'replicated'})",
+        Term(phase, w_label, params * w_bytes / GIB),
+        Term(phase, f"grads ({int(grad_bytes * 8)}-bit buffer)", params * grad_bytes / GIB),
+        Term(phase, f"optimizer states ({'/DP ' + str(opt_shards) if distributed else 'replicated'})",
              params * opt_bytes / opt_shards / GIB),
-        Term("training", f"{act_label}, {in_flight} micro-batch(es) in flight", act_one_mb * in_flight / GIB),
-        Term("training", "logits + grad (fp32, last stage)", logits / GIB),
-        Term("training", "runtime (CUDA/NCCL/allocator)", RUNTIME_OVERHEAD_GIB),
+        Term(phase, f"{act_label}, {in_flight} micro-batch(es) in flight", act_one_mb * in_flight / GIB),
+        Term(phase, "logits + grad (fp32, last stage)" if outputs is None else "value head output + grad (fp32)",
+             logits / GIB),
+        Term(phase, "runtime (CUDA/NCCL/allocator)", RUNTIME_OVERHEAD_GIB),
     ]
+
+
+def critic_terms(value_tree: Mapping[str, Any], critic: PolicyLayout, policy: PolicyLayout) -> list[Term]:
+    """The value model's training phase (PPO): a second full model with its own grads and optimizer shard,
+    trained while the policy's weights and grad buffer stay resident (NeMo-RL's ppo.py offloads the value
+    model with ``finish_training`` after its step, not the policy) and vLLM sleeps. ``value_tree`` holds
+    the critic's full config under ``nemo.value`` (``backends.nemo.config.value_config``)."""
+    terms = training_terms(value_tree, critic, "nemo.value", phase="critic", who="critic", outputs=1)
+    resident = stage_params(policy.model, policy.pp) / policy.tp * (2.0 + 2.0)
+    terms.append(Term("critic", "policy weights + grad buffer (resident)", resident / GIB))
+    return terms
 
 
 def vllm_pool_terms(gen: GenerationLayout, model: ModelShape, gpu_mem_gib: float, phase: str) -> tuple[list[Term], float]:

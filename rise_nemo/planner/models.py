@@ -1,6 +1,7 @@
-"""Model shapes for the planner: a built-in table of dense Qwen3 sizes, or a local HF ``config.json``.
+"""Model shapes for the planner: a built-in table of dense Qwen3 (and Qwen2.5 7B) sizes, or a local HF
+``config.json``.
 
-The table holds the published Qwen3 configurations (hidden size, layers, attention heads, KV heads, head
+The table holds the published Qwen3 and Qwen2.5-7B / Qwen2.5-Math-7B configurations (hidden size, layers, attention heads, KV heads, head
 dim, MLP width, vocabulary, tied embeddings), so the planner runs offline and without torch. Parameter
 counts are derived from the shape, not typed in: ``tests/planner`` checks them against the nominal sizes.
 """
@@ -27,14 +28,17 @@ class ModelShape:
     ffn: int  # SwiGLU intermediate size
     vocab: int
     tied_embeddings: bool
+    qk_norm: bool = True  # Qwen3 normalises q and k per head
+    qkv_bias: bool = False  # Qwen2.5 has biases on q, k and v instead
 
     @property
     def attn_params_per_layer(self) -> int:
         q = self.hidden * self.heads * self.head_dim
         kv = 2 * self.hidden * self.kv_heads * self.head_dim
         o = self.heads * self.head_dim * self.hidden
-        qk_norm = 2 * self.head_dim  # Qwen3 normalises q and k per head
-        return q + kv + o + qk_norm
+        qk_norm = 2 * self.head_dim if self.qk_norm else 0
+        bias = (self.heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
+        return q + kv + o + qk_norm + bias
 
     @property
     def mlp_params_per_layer(self) -> int:
@@ -75,6 +79,15 @@ QWEN3: dict[str, ModelShape] = {
 }
 
 
+# Qwen2.5-7B and Qwen2.5-Math-7B share one shape (config.json of both: hidden 3584, 28 layers, 28 heads,
+# 4 KV heads, MLP 18944, vocabulary 152064, untied embeddings, q/k/v biases, no q/k norm).
+QWEN25: dict[str, ModelShape] = {
+    name: ModelShape(name, 3584, 28, 28, 4, 128, 18944, 152064, False, qk_norm=False, qkv_bias=True)
+    for name in ("qwen2.5-7b", "qwen2.5-math-7b")
+}
+BUILT_IN: dict[str, ModelShape] = {**QWEN3, **QWEN25}
+
+
 def _table_key(name: str) -> str:
     """'Qwen/Qwen3-14B' or 'Qwen3-14B-Base' -> 'qwen3-14b'."""
     key = name.strip().lower().rsplit("/", 1)[-1]
@@ -109,17 +122,19 @@ def from_hf_config(path: str | Path) -> ModelShape:
         ffn=int(cfg["intermediate_size"]),
         vocab=int(cfg["vocab_size"]),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qk_norm=cfg.get("model_type") != "qwen2",  # Qwen2/2.5: q/k/v biases instead of q/k norms
+        qkv_bias=cfg.get("model_type") == "qwen2",
     )
 
 
 def resolve_model(name_or_path: str) -> ModelShape:
-    """A built-in Qwen3 size by (HF) name, else a local config.json / model directory."""
+    """A built-in size by (HF) name, else a local config.json / model directory."""
     key = _table_key(name_or_path)
-    if key in QWEN3:
-        return QWEN3[key]
+    if key in BUILT_IN:
+        return BUILT_IN[key]
     p = Path(name_or_path)
     if p.exists():
         return from_hf_config(p)
     raise ModelShapeError(
-        f"unknown model {name_or_path!r}: not a built-in size ({', '.join(QWEN3)}) and no local config.json there"
+        f"unknown model {name_or_path!r}: not a built-in size ({', '.join(BUILT_IN)}) and no local config.json there"
     )

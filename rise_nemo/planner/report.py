@@ -81,6 +81,10 @@ def plan_recipe(
             ))
     if layout.teacher is not None:
         report.terms += memory.teacher_terms(tree, layout.teacher, layout.policy)
+    if layout.critic is not None:
+        report.terms += memory.critic_terms(layout.value_tree, layout.critic, layout.policy)
+        if gen is not None and gen.colocated:
+            report.terms.append(memory.Term("critic", "vLLM asleep (colocated)", memory.VLLM_ASLEEP_GIB))
     if layout.judge is not None:
         judge_terms, judge_seqs = memory.judge_terms(layout.judge, gpu_mem_gib)
         report.terms += judge_terms
@@ -106,6 +110,8 @@ def _fix_key(phase: str, term: memory.Term) -> str:
             else "nemo.plan.judge.tensor_parallel_size"
     if phase == "teacher":
         return "nemo.teacher.megatron_cfg.tensor_model_parallel_size"
+    if phase == "critic":
+        return "nemo.value.megatron_cfg.tensor_model_parallel_size"
     if term.label.startswith("activations"):
         return "nemo.policy.megatron_cfg.activation_checkpointing"
     return "nemo.policy.megatron_cfg.tensor_model_parallel_size"
@@ -132,6 +138,10 @@ def describe_layout(layout: RecipeLayout) -> list[str]:
     if t is not None:
         lines.append(f"teacher: {t.model.name}, TP {t.tp} x PP {t.pp} x CP {t.cp} x DP {t.dp}, colocated "
                      "(time-shared with the student)")
+    c = layout.critic
+    if c is not None:
+        lines.append(f"critic (value model): {c.model.name}, TP {c.tp} x PP {c.pp} x CP {c.cp} x DP {c.dp}, "
+                     "colocated (time-shared with the policy), own optimizer")
     j = layout.judge
     if j is not None:
         lines.append(f"judge: {j.model.name}, {j.servers} vLLM server(s) of TP {j.tp} on {j.nodes} node(s)")

@@ -8,6 +8,11 @@
   ``output_ids``, sampler log-probs at the response positions) from its OWN copy of the weights, which only
   a refit updates (so a missing refit shows up as stale sampling).
 - ``refit``: copies the policy's weights into the vLLM stand-in (``refit_policy_generation``'s job).
+- ``CpuValue``: NeMo-RL's ``Value`` (nemo_rl/models/value/lm_value.py): ``get_values`` returns ``{"values":
+  [B, S]}`` shifted right by one (megatron_value_worker.py:829-833); ``train(data, loss_fn, gbs, mbs)``
+  shards like the policy and calls ``loss_fn(values [B, S], data=, global_valid_seqs=, global_valid_toks=)``
+  (megatron_value_worker.py:142-166), summing micro-batch losses; ``prepare_for_*`` / ``finish_*`` phases
+  and ``save_checkpoint(weights_path, optimizer_path, tokenizer_path)``.
 
 The model is a bigram LM over a word-level tokenizer: real gradients, real sampling, milliseconds.
 Every call is appended to ``events`` so tests can check the phase order.
@@ -178,6 +183,84 @@ class CpuVllm:
             "unpadded_sequence_lengths": torch.tensor([len(p) + len(r) for p, r, _ in rows]),
             "truncated": torch.tensor([r[-1] != self.eos_id for _, r, _ in rows]),
         }
+
+
+class CpuValue:
+    """A per-token value head over a bigram-style embedding: V_raw[t] = w[input_ids[t]] + b, right-shifted."""
+
+    def __init__(self, vocab: int, dp: int, events: list, lr: float = 0.5, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.model = torch.nn.Embedding(vocab, 1)
+        with torch.no_grad():
+            self.model.weight.copy_(torch.randn(vocab, 1, generator=g) * 0.1)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.sharding_annotations = _Axes(dp)
+        self.events = events
+        self.on_gpu = False
+        self.train_calls: list[dict] = []
+
+    def _shifted(self, input_ids: torch.Tensor) -> torch.Tensor:
+        raw = self.model(input_ids).squeeze(-1)  # [B, S]: value after reading token t
+        return torch.cat([torch.zeros_like(raw[:, :1]), raw[:, :-1]], dim=1)  # value of the state before t
+
+    def prepare_for_inference(self):
+        self.events.append("value.prepare_for_inference")
+        self.on_gpu = True
+
+    def finish_inference(self):
+        self.events.append("value.finish_inference")
+        self.on_gpu = False
+
+    def prepare_for_training(self):
+        self.events.append("value.prepare_for_training")
+        self.on_gpu = True
+
+    def finish_training(self):
+        self.events.append("value.finish_training")
+        self.on_gpu = False
+
+    @torch.no_grad()
+    def get_values(self, data):
+        self.events.append("value.get_values")
+        assert self.on_gpu, "get_values outside prepare_for_inference/finish_inference"
+        assert data["input_ids"].shape[0] % self.sharding_annotations.dp == 0, "NeMo-RL shards rows evenly over DP"
+        return {"values": self._shifted(data["input_ids"])}
+
+    def train(self, data, loss_fn, eval_mode=False, *, gbs=None, mbs=None, timer=None):
+        self.events.append("value.train")
+        assert self.on_gpu, "train outside prepare_for_training/finish_training"
+        assert loss_fn.input_type.value == "logit" and loss_fn.loss_type.value == "token_level"
+        rows, dp = data["input_ids"].shape[0], self.sharding_annotations.dp
+        assert gbs == rows and rows % (dp * mbs) == 0, (rows, gbs, dp, mbs)
+        self.train_calls.append({k: v.clone() for k, v in data.items()})
+        mask = data["token_mask"] * data["sample_mask"][:, None]
+        gvt, gvs = mask.sum(), data["sample_mask"].sum()
+        self.opt.zero_grad()
+        per_rank, metrics, total = rows // dp, {}, 0.0
+        for rank in range(dp):
+            for start in range(rank * per_rank, (rank + 1) * per_rank, mbs):
+                mb = {k: v[start: start + mbs] for k, v in data.items()}
+                loss, m = loss_fn(self._shifted(mb["input_ids"]), data=mb, global_valid_seqs=gvs,
+                                  global_valid_toks=gvt)
+                loss.backward()
+                total += float(loss.detach())
+                for k, v in m.items():
+                    metrics.setdefault(k, []).append(v)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1e9)
+        if not eval_mode:
+            self.opt.step()
+        return {"loss": torch.tensor(total), "grad_norm": grad_norm, "all_mb_metrics": metrics}
+
+    def save_checkpoint(self, weights_path, optimizer_path=None, tokenizer_path=None, checkpointing_cfg=None):
+        self.events.append("value.save_checkpoint")
+        assert self.on_gpu, "ppo.py saves the value model between prepare_for_training and finish_training"
+        import os
+
+        os.makedirs(weights_path, exist_ok=True)
+        torch.save(self.model.state_dict(), os.path.join(weights_path, "model.pt"))
+        if optimizer_path:
+            os.makedirs(optimizer_path, exist_ok=True)
+            torch.save(self.opt.state_dict(), os.path.join(optimizer_path, "optim.pt"))
 
 
 def make_refit(events: list):

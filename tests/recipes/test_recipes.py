@@ -21,10 +21,11 @@ NEMO_RECIPES = sorted(p.name for p in RECIPES.glob("*.yaml")
                       or "rise_14b.yaml" in str((yaml.safe_load(p.read_text()) or {}).get("defaults", "")))
 # The recipes this test must see (a recipe silently dropping out of the glob would hide a break).
 EXPECTED = {"rise_4b.yaml", "rise_14b.yaml", "rubric_rl_14b.yaml", "ruscarl_14b.yaml", "rise_14b_coupled.yaml",
-            "rise_14b_uniform.yaml", "opd_14b_teacher32b.yaml", "opd_4b_teacher14b.yaml"}
+            "rise_14b_uniform.yaml", "opd_14b_teacher32b.yaml", "opd_4b_teacher14b.yaml", "ppo_math_7b.yaml",
+            "grpo_math_qwen3_4b.yaml"}
 DOCUMENTED_NODES = {"rise_4b.yaml": 2, "rise_14b.yaml": 2, "rubric_rl_14b.yaml": 2, "ruscarl_14b.yaml": 2,
                     "rise_14b_coupled.yaml": 2, "rise_14b_uniform.yaml": 2, "opd_14b_teacher32b.yaml": 3,
-                    "opd_4b_teacher14b.yaml": 2}
+                    "opd_4b_teacher14b.yaml": 2, "ppo_math_7b.yaml": 1, "grpo_math_qwen3_4b.yaml": 1}
 
 
 def load(name: str, *overrides: str) -> dict:
@@ -149,3 +150,30 @@ def test_loader_rejects_unknown_top_level_key(tmp_path):
     path.write_text(yaml.safe_dump(bad))
     with pytest.raises(ConfigError, match="grpo.group_sizes"):
         load_config(path)
+
+
+def test_reasoning_baseline_recipes():
+    """PPO (RRL paper settings) and sparse GRPO on math: methods, sampling settings, critic, no judge node."""
+    ppo, grpo = load("ppo_math_7b.yaml"), load("grpo_math_qwen3_4b.yaml")
+    assert (ppo["method"], grpo["method"]) == ("ppo", "grpo")
+    assert (ppo["data"]["format"], grpo["data"]["format"]) == ("math", "math")
+    g = ppo["grpo"]
+    assert (g["kl_coef"], g["temperature"], g["top_p"], g["max_new_tokens"]) == (0.001, 0.8, 0.9, 2048)
+    assert ppo["nemo"]["policy"]["megatron_cfg"]["optimizer"]["lr"] == 5e-7
+    assert ppo["nemo"]["value"]["megatron_cfg"]["optimizer"]["lr"] == 1.5e-6
+    assert "value" not in grpo["nemo"] and grpo["grpo"]["kl_coef"] == 0.0
+    report = plan_recipe(ppo)
+    assert report.layout.critic is not None and "critic" in report.phases
+    assert report.layout.critic.model.name == "qwen2.5-math-7b" and report.layout.judge is None
+    # the critic is a second full model with its own optimizer: its phase holds as much as the policy's
+    # weights + grads + optimizer, plus the resident policy
+    trains = {t.label: t.gib for t in report.terms if t.phase == "training"}
+    critic = {t.label: t.gib for t in report.terms if t.phase == "critic"}
+    assert critic["critic weights (bf16)"] == trains["policy weights (bf16)"]
+    assert critic["optimizer states (/DP 4)"] == trains["optimizer states (/DP 4)"]
+    assert report.phase_total("critic") > report.phase_total("training") - trains["logits + grad (fp32, last stage)"]
+    # a critic that cannot fit is reported against the critic's key
+    huge = copy.deepcopy(ppo)
+    huge["nemo"]["value"]["megatron_cfg"]["tensor_model_parallel_size"] = 3
+    bad = plan_recipe(huge)
+    assert any(i.key == "nemo.value.megatron_cfg.tensor_model_parallel_size" for i in bad.issues), bad.issues

@@ -265,16 +265,20 @@ def test_driver_command_and_environment_load_with_the_recipe(script, monkeypatch
     assert res.returncode == 0, res.stderr
     env_line = next(line for line in res.stdout.splitlines() if line.startswith("[dry-run] env: RISE_RUN_DIR="))
     urls = json.loads(re.search(r"RISE_JUDGE_URLS=(\[.*?\]) ", env_line)[1])
-    assert urls and all(re.fullmatch(r"http://127\.0\.0\.1:80\d\d/v1", u) for u in urls), urls
+    text = (REPO_ROOT / "slurm" / script).read_text()
+    judge_nodes = int(re.search(r"^RISE_JUDGE_NODES=\$\{RISE_JUDGE_NODES:-(\d+)\}$", text, re.M)[1])
+    assert bool(urls) == (judge_nodes > 0), urls  # verifier-rewarded recipes run without a judge node
+    assert all(re.fullmatch(r"http://127\.0\.0\.1:80\d\d/v1", u) for u in urls), urls
     driver = next(line for line in res.stdout.splitlines() if line.startswith("[dry-run] driver@"))
     argv = shlex.split(driver.split(": ", 1)[1].rsplit(" >> ", 1)[0])
     recipe, overrides = argv[argv.index("--config") + 1], argv[argv.index("--config") + 2:]
     monkeypatch.setenv("RISE_JUDGE_URLS", json.dumps(urls))
     monkeypatch.setenv("RISE_JUDGE_MODEL", re.search(r"RISE_JUDGE_MODEL=(\S+)", env_line)[1])
     cfg = load_config(REPO_ROOT / recipe, overrides)
-    assert list(cfg.judge.base_urls) == urls
-    nodes = int(re.search(r"^#SBATCH --nodes=(\d+)", (REPO_ROOT / "slurm" / script).read_text(), re.M)[1])
-    assert cfg.nemo.cluster.num_nodes == nodes - 1  # every node but the judge node trains
+    if judge_nodes:
+        assert list(cfg.judge.base_urls) == urls
+    nodes = int(re.search(r"^#SBATCH --nodes=(\d+)", text, re.M)[1])
+    assert cfg.nemo.cluster.num_nodes == nodes - judge_nodes  # every node but the judge nodes trains
     assert str(cfg.run.dir).endswith(f"runs/{Path(recipe).stem}-dryrun")
 
 

@@ -12,6 +12,7 @@ Modules (NeMo-RL is imported lazily, inside functions, except in ``env_actor``):
   batch        driver-side batch plumbing on plain tensors (counts, padding, generation I/O)
   loss         ``RiseLossFunction``: the core objective as a NeMo-RL LossFunction (picklable)
   runtime      ``NemoPolicy`` / ``NemoGenerator`` / ``NemoSession`` on NeMo-RL's objects
+  critic       ``NemoCritic`` (interfaces.Critic) on NeMo-RL's ``Value``; ``ValueLossFunction``
   environment  rubric scoring for NeMo-RL's rollout loops; ``env_actor`` its Ray actor
   distill      the on-policy distillation baseline on NeMo-RL's distillation path
 """
@@ -113,8 +114,26 @@ def _policy_with_resume(policy_cls: Any, resume_dir: Path | None, **kwargs: Any)
     return policy_cls(**kwargs)
 
 
+def _critic(recipe: Mapping[str, Any], session: Any, master: Any, train_cluster: Any, latest: Path | None):
+    """A ``NemoCritic`` when the recipe has a ``nemo.value`` block (PPO-style methods), else None.
+
+    The value model is NeMo-RL's ``Value`` on the policy's training cluster, configured from the policy
+    (``critic.value_config``) plus the block's overrides; it resumes from ``<checkpoint>/critic``."""
+    overrides = (recipe.get("nemo") or {}).get("value")
+    if overrides is None:
+        return None
+    from rise_nemo.backends.nemo.critic import NemoCritic, build_value, value_config
+
+    config = value_config(master.policy, overrides)
+    resume = latest / "critic" if latest is not None and (latest / "critic" / "weights").exists() else None
+    value = build_value(train_cluster, session.tokenizer, config, resume, policy=session.policy)
+    return NemoCritic(session, value, config, resumed_from=resume)
+
+
 def build(cfg: Any):
-    """``(NemoPolicy, NemoGenerator)`` for a validated recipe with ``backend: nemo`` (needs NeMo-RL)."""
+    """``(NemoPolicy, NemoGenerator)`` for a validated recipe with ``backend: nemo`` (needs NeMo-RL).
+
+    With a ``nemo.value`` block the value model is built too: ``policy.session.critic`` (a ``NemoCritic``)."""
     recipe = plain_recipe(cfg)
     check_recipe(recipe)
     if algorithm(recipe) != "grpo":
@@ -155,6 +174,7 @@ def build(cfg: Any):
     policy, generation, master = out[0], out[1], out[10]
     session = NemoSession(policy, generation, tokenizer, {"policy": master.policy}, refit=grpo.refit_policy_generation)
     session.resumed_from = resume
+    session.critic = _critic(recipe, session, master, out[3][0], latest)
     behaviour = (recipe["nemo"].get("adapter") or {}).get("importance_sampling", "none") == "behaviour_ratio"
     return NemoPolicy(session, behaviour_ratio=behaviour), NemoGenerator(session)
 

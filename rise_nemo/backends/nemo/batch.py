@@ -23,10 +23,15 @@ import torch
 from rise_nemo.core.logprobs import ppo_reference_logprobs
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL, Rollout
 
-PER_TOKEN_KEYS = ("input_ids", "token_mask", "generation_logprobs", "prev_logprobs", "reference_policy_logprobs")
+PER_TOKEN_KEYS = ("input_ids", "token_mask", "generation_logprobs", "prev_logprobs", "reference_policy_logprobs",
+                  "token_advantages", "values", "returns")
 PER_SAMPLE_KEYS = ("input_lengths", "sample_mask", "advantages", "kind", "natural_token_count", "guided_seq_count",
                    "sampled_under_train_prompt")
-REQUIRED_KEYS = ("input_ids", "input_lengths", "token_mask", "sample_mask", "advantages", "kind")
+REQUIRED_KEYS = ("input_ids", "input_lengths", "token_mask", "sample_mask", "kind")
+# Per-sample advantages [B] or per-token ones [B, T] (rise_nemo.interfaces): a batch carries at least one.
+# Both travel to NeMo-RL's workers unchanged (NeMo-RL's own ClippedPGLossFn also reads [B, T] advantages,
+# nemo_rl/algorithms/loss/loss_functions.py:321, ``data["advantages"][:, 1:]``).
+ADVANTAGE_KEYS = ("advantages", "token_advantages")
 
 
 class BatchError(ValueError):
@@ -61,13 +66,20 @@ def rollouts_from_generation(
     n: int,
     decode,
     eos_token_ids: Sequence[int] = (),
+    prefixes: Sequence[Sequence[int]] | None = None,
 ) -> list[list[Rollout]]:
     """NeMo-RL ``GenerationOutputSpec`` -> result[i][j] = prompt i's j-th sample.
 
-    ``output_ids`` [P*n, S] holds each row's unpadded prompt followed by its response (right-padded);
-    ``logprobs`` [P*n, S] holds the sampler's log-prob of each response token at the same position;
-    ``generation_lengths`` [P*n]; optional ``truncated`` [P*n] (hit max_new_tokens without a stop token).
+    ``output_ids`` [P*n, S] holds each row's unpadded input followed by its generated tokens (right-padded);
+    ``logprobs`` [P*n, S] holds the sampler's log-prob of each generated token at the same position (0 on
+    the input, nemo_rl/models/generation/vllm/vllm_worker.py:727-736); ``generation_lengths`` [P*n] counts
+    generated tokens only; optional ``truncated`` [P*n] (hit max_new_tokens without a stop token).
     ``decode(token_ids) -> str`` renders the response text for the judge.
+
+    ``prefixes[i]``: given response tokens that were appended to prompt i's input (vLLM continues them as
+    extra context). Each rollout's response starts with them, ``given_token_count`` says how many, and their
+    sampling log-probs are 0.0: like NeMo-RL's GRPO, which marks assistant tokens without generation
+    log-probs as not trainable (nemo_rl/algorithms/grpo.py:1465-1493, token_loss_mask 0).
     """
     out_ids, gen_lp = output["output_ids"], output["logprobs"]
     gen_len = output["generation_lengths"]
@@ -77,18 +89,23 @@ def rollouts_from_generation(
         raise BatchError(f"generation returned {out_ids.shape[0]} rows, expected {len(prompt_ids)} prompts x {n}")
     eos = set(int(t) for t in eos_token_ids)
     result: list[list[Rollout]] = []
-    for i, (messages, p_ids) in enumerate(zip(prompts, prompt_ids)):
+    given_all = [list(map(int, g)) for g in prefixes] if prefixes is not None else [[] for _ in prompt_ids]
+    if len(given_all) != len(prompt_ids):
+        raise BatchError(f"{len(given_all)} prefixes for {len(prompt_ids)} prompts")
+    for i, (messages, p_ids, given) in enumerate(zip(prompts, prompt_ids, given_all)):
         group = []
         for j in range(n):
             row = i * n + j
-            start, length = len(p_ids), int(gen_len[row])
-            resp = [int(t) for t in out_ids[row, start : start + length].tolist()]
-            lps = [float(x) for x in gen_lp[row, start : start + length].tolist()]
+            start, length = len(p_ids) + len(given), int(gen_len[row])
+            sampled = [int(t) for t in out_ids[row, start : start + length].tolist()]
+            lps = [0.0] * len(given) + [float(x) for x in gen_lp[row, start : start + length].tolist()]
             if truncated is not None:
                 finished = not bool(truncated[row])
             else:  # older engines: finished when the last token is a stop token
-                finished = bool(resp) and resp[-1] in eos
-            group.append(Rollout(list(messages), list(p_ids), resp, decode(resp), lps, finished))
+                finished = bool(sampled) and sampled[-1] in eos
+            resp = given + sampled
+            group.append(Rollout(list(messages), list(p_ids), resp, decode(resp), lps, finished,
+                                 given_token_count=len(given)))
         result.append(group)
     return result
 
@@ -102,6 +119,8 @@ def check_train_batch(batch: Mapping[str, torch.Tensor]) -> tuple[int, int]:
     for key in REQUIRED_KEYS:
         if key not in batch:
             raise BatchError(f"training batch is missing key {key!r}")
+    if not any(key in batch for key in ADVANTAGE_KEYS):
+        raise BatchError("training batch is missing key 'advantages' (or per-token 'token_advantages')")
     b, t = batch["input_ids"].shape
     for key in PER_TOKEN_KEYS:
         if key in batch and tuple(batch[key].shape) != (b, t):

@@ -31,6 +31,7 @@ class _FallbackLossType(enum.Enum):
 
 class _FallbackLossInputType(enum.Enum):
     LOGPROB = "logprob"
+    LOGIT = "logit"  # the value loss (rise_nemo.backends.nemo.critic)
 
 
 def _nemo_enums() -> tuple[Any, Any]:

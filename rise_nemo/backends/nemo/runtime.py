@@ -66,6 +66,7 @@ class NemoSession:
         self.generating = False
         self.refits = 0
         self.resumed_from: Path | None = None  # checkpoint the policy was built from (set by build())
+        self.critic: Any = None  # NemoCritic when the recipe has a value model (set by build())
 
     def open_generation(self) -> None:
         if self.generating:
@@ -133,16 +134,21 @@ class NemoGenerator:
                 )
         return False
 
-    def generate(self, prompts: Sequence[list[dict]], n: int, params: SamplingParams) -> list[list[Rollout]]:
+    def generate(self, prompts: Sequence[list[dict]], n: int, params: SamplingParams,
+                 prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Rollout]]:
         greedy = self._check_params(params)
         prompt_ids = [self.encode_prompt(p) for p in prompts]
-        data = generation_input(prompt_ids, n, self.pad_id)  # input_ids [P*n, L], input_lengths [P*n]
+        if prefixes is not None and len(prefixes) != len(prompts):
+            raise ValueError(f"generate: {len(prefixes)} prefixes for {len(prompts)} prompts")
+        # vLLM takes token ids: a given response prefix is simply more context after the generation prompt.
+        inputs = [p + [int(t) for t in g] for p, g in zip(prompt_ids, prefixes)] if prefixes else prompt_ids
+        data = generation_input(inputs, n, self.pad_id)  # input_ids [P*n, L], input_lengths [P*n]
         self.session.open_generation()
         output = self.session.generation.generate(self.session.to_batched(data), greedy=greedy)
         return rollouts_from_generation(
             output, prompts, prompt_ids, n,
             decode=lambda ids: self.session.tokenizer.decode(ids, skip_special_tokens=True),
-            eos_token_ids=self.eos_ids,
+            eos_token_ids=self.eos_ids, prefixes=prefixes,
         )
 
 

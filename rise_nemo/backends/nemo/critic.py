@@ -1,0 +1,205 @@
+"""``interfaces.Critic`` on NeMo-RL v0.7's value model (``nemo_rl.models.value.lm_value.Value``, PPO path).
+
+NeMo-RL's ``Value`` is a second full Megatron model whose LM head is replaced by a hidden -> 1 value head
+(nemo_rl/models/value/workers/megatron_value_worker.py:99-104), with its own optimizer and scheduler. Its
+API, as ``nemo_rl.algorithms.ppo`` drives it:
+
+- ``get_values(data)`` -> ``{"values": [B, S]}``, already shifted right by one so that ``values[t]`` is the
+  value of the state before token t (megatron_value_worker.py:829-833) -- rise_nemo's convention
+  (rise_nemo.interfaces), so values pass through unchanged; wrapped in ``prepare_for_inference`` /
+  ``finish_inference`` (ppo.py:1166-1169);
+- ``train(data, loss_fn, gbs=, mbs=)`` shards rows over data-parallel ranks and micro-batches and calls the
+  loss per micro-batch as ``loss_fn(values [B, S] (right-shifted), data=, global_valid_seqs=,
+  global_valid_toks=)`` (megatron_value_worker.py:142-166), summing the micro-batch losses
+  (:180-188); wrapped in ``prepare_for_training`` / ``finish_training``, which moves weights and optimizer
+  off the GPUs again (ppo.py:1257-1267);
+- ``save_checkpoint(weights_path, optimizer_path, tokenizer_path)`` (lm_value.py:422), called between
+  ``prepare_for_training`` and ``finish_training`` (ppo.py:1558-1573); weights and optimizer are loaded only
+  when the ``Value`` is built (``weights_path`` / ``optimizer_path``, lm_value.py:44-53).
+
+The clipped value loss itself is rise_nemo's (rise_nemo.core, ``loss_fn(values [B, T], data)``);
+``ValueLossFunction`` presents it to NeMo-RL as a LOGIT / TOKEN_LEVEL ``LossFunction`` (NeMo-RL's own
+``MseValueLossFn`` has that type, nemo_rl/algorithms/loss/loss_functions.py:1147-1162), the way
+``loss.RiseLossFunction`` presents the policy objective. As for the policy, the loss must be globally
+normalised: ``NemoCritic.train`` writes the global count of valid value tokens into the batch as the
+per-sample column ``value_token_count`` before NeMo-RL shards it, so summing micro-batch losses is exact.
+No NeMo-RL import at module import time (the loss wrapper must unpickle in NeMo-RL's workers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rise_nemo.backends.nemo.batch import pad_train_batch, sum_microbatch_metrics
+from rise_nemo.backends.nemo.config import value_config
+from rise_nemo.backends.nemo.loss import Objective, _nemo_enums
+
+VALUE_COUNT_KEY = "value_token_count"  # [B]: sum(token_mask * sample_mask) over the WHOLE global batch
+VALUE_REQUIRED_KEYS = ("input_ids", "input_lengths", "token_mask", "sample_mask", "returns")
+
+
+def align_values(values: torch.Tensor, width: int) -> torch.Tensor:
+    """NeMo-RL's value-head output -> [B, width] aligned with input_ids.
+
+    The worker hands the loss values already right-shifted to input_ids' positions: [B, S] (or [B, S, 1]
+    before the squeeze, as MseValueLossFn allows, loss_functions.py:1170-1172). With sequence packing the
+    packed prepare_fn cuts each sequence to ``data["returns"].shape[1]`` (megatron_value_worker.py:313-314);
+    a shorter tensor is padded with zeros (those positions are off the mask).
+    """
+    if values.dim() == 3 and values.shape[-1] == 1:
+        values = values.squeeze(-1)
+    if values.shape[1] > width:
+        return values[:, :width]
+    if values.shape[1] < width:
+        return torch.cat([values, values.new_zeros(values.shape[0], width - values.shape[1])], dim=1)
+    return values
+
+
+class ValueLossFunction:
+    """NeMo-RL ``LossFunction`` (input_type LOGIT, loss_type TOKEN_LEVEL) around a core value loss.
+
+    ``objective(values [B, T], data) -> (loss, metrics)``, e.g. a ``functools.partial`` of the core's
+    clipped value loss (picklable). NeMo-RL's ``global_valid_*`` normalisers are not used: the objective
+    divides by ``data["value_token_count"]`` (see the module docstring).
+    """
+
+    def __init__(self, objective: Objective):
+        self.objective = objective
+
+    @property
+    def loss_type(self) -> Any:
+        return _nemo_enums()[0].TOKEN_LEVEL
+
+    @property
+    def input_type(self) -> Any:
+        return _nemo_enums()[1].LOGIT
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        data: Mapping[str, torch.Tensor],
+        global_valid_seqs: torch.Tensor | None = None,
+        global_valid_toks: torch.Tensor | None = None,
+        **_: Any,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        values = align_values(logits.float(), data["token_mask"].shape[1])  # [B, T]
+        loss, metrics = self.objective(values, data)
+        out = {k: float(v) for k, v in metrics.items() if v is not None}
+        out["loss"] = float(loss.detach())  # NeMo-RL's worker reads metrics["loss"] per micro-batch
+        return loss, out
+
+
+def attach_value_count(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The global normaliser of the value loss as a per-sample column (every row the same value)."""
+    b = batch["input_ids"].shape[0]
+    count = float((batch["token_mask"].float() * batch["sample_mask"].float()[:, None]).sum())
+    out = dict(batch)
+    out[VALUE_COUNT_KEY] = torch.full((b,), count, dtype=torch.float32)
+    return out
+
+
+class NemoCritic:
+    """``interfaces.Critic`` on NeMo-RL's ``Value``; shares the policy's ``NemoSession`` (phase bookkeeping).
+
+    ``value``: a ``nemo_rl.models.value.lm_value.Value`` (built by ``build_value`` or by the caller).
+    ``config``: the value config NeMo-RL built it from (micro-batch sizes, sequence multiple).
+    """
+
+    def __init__(self, session: Any, value: Any, config: Mapping[str, Any], resumed_from: Path | None = None):
+        self.session = session
+        self.value = value
+        self.micro_batch = int(config["train_micro_batch_size"])
+        self.logprob_batch = int(config.get("logprob_batch_size") or self.micro_batch)
+        self.seq_multiple = int(config.get("make_sequence_length_divisible_by") or 1)
+        self.pad_id = int(session.tokenizer.pad_token_id)
+        self.resumed_from = resumed_from
+
+    @property
+    def dp_size(self) -> int:
+        return int(self.value.sharding_annotations.get_axis_size("data_parallel"))
+
+    def get_values(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        self.session.close_generation()  # vLLM must sleep before a colocated model wakes
+        b, t = data["input_ids"].shape
+        keys = {"input_ids": data["input_ids"], "input_lengths": data["input_lengths"]}
+        padded, _ = pad_train_batch(keys, self.dp_size * self.logprob_batch, self.seq_multiple, self.pad_id)
+        self.value.prepare_for_inference()
+        out = self.value.get_values(self.session.to_batched(padded))["values"]
+        self.value.finish_inference()
+        if out.dim() == 3:
+            out = out.squeeze(-1)  # ppo.py:1168 squeezes a trailing value dimension
+        return out[:b, :t].float().cpu()
+
+    def train(self, data: Mapping[str, torch.Tensor], loss_fn: Objective) -> dict[str, float]:
+        self.session.close_generation()
+        missing = [k for k in VALUE_REQUIRED_KEYS if k not in data]
+        if missing:
+            raise ValueError(f"critic training batch is missing key(s) {missing}")
+        batch = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
+        batch["token_mask"] = batch["token_mask"].float()
+        batch["sample_mask"] = batch["sample_mask"].float()
+        batch = attach_value_count(batch)
+        train_data, rows = pad_train_batch(batch, self.dp_size * self.micro_batch, self.seq_multiple, self.pad_id)
+        if rows < train_data["input_ids"].shape[0]:
+            train_data[VALUE_COUNT_KEY][rows:] = train_data[VALUE_COUNT_KEY][0]  # padding rows: same global count
+        gbs = train_data["input_ids"].shape[0]  # the whole batch is ONE global batch: one optimiser step
+        self.value.prepare_for_training()
+        result = self.value.train(self.session.to_batched(train_data), ValueLossFunction(loss_fn),
+                                  gbs=gbs, mbs=self.micro_batch)
+        self.value.finish_training()
+        metrics = {f"critic/{k}": v for k, v in sum_microbatch_metrics(result.get("all_mb_metrics", {})).items()}
+        metrics["critic/grad_norm"] = float(result["grad_norm"])
+        return metrics
+
+    # -- checkpoints: sharded Megatron weights + optimizer, like NemoPolicy (ppo.py:1558-1573)
+    def save_checkpoint(self, path: str | Path) -> None:
+        path = Path(path)
+        self.session.close_generation()
+        self.value.prepare_for_training()
+        self.value.save_checkpoint(weights_path=str(path / "weights"), optimizer_path=str(path / "optimizer"),
+                                   tokenizer_path=str(path / "tokenizer"))
+        self.value.finish_training()
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """NeMo-RL loads the value model's weights and optimizer when the ``Value`` is built; this hook only
+        verifies that the orchestration resumes from the checkpoint it was built from."""
+        if self.resumed_from is None or Path(self.resumed_from).resolve() != Path(path).resolve():
+            raise RuntimeError(
+                f"nemo backend: asked to resume the critic from {path}, but it was built from "
+                f"{self.resumed_from or 'scratch'}; NeMo-RL loads checkpoints only when the value model is created"
+            )
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError("nemo backend checkpoints the critic through save_checkpoint(dir)")
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError("nemo backend resumes the critic through load_checkpoint(dir)")
+
+
+def build_value(train_cluster: Any, tokenizer: Any, config: Mapping[str, Any], resume_dir: Path | None,
+                policy: Any = None) -> Any:
+    """NeMo-RL's ``Value`` on the training cluster, as ppo.py builds it in colocated mode (ppo.py:484-552):
+    the policy is offloaded while the value workers initialise, the value model is offloaded right after
+    (``finish_training``), and the policy is reloaded for the first refit (ppo.py:629-631)."""
+    from nemo_rl.models.value.lm_value import Value
+
+    weights = optimizer = None
+    if resume_dir is not None:
+        weights = str(resume_dir / "weights")
+        optimizer = str(resume_dir / "optimizer") if (resume_dir / "optimizer").exists() else None
+    if policy is not None:
+        policy.offload_after_refit()
+    value = Value(cluster=train_cluster, config=dict(config), tokenizer=tokenizer, name_prefix="lm_value",
+                  weights_path=weights, optimizer_path=optimizer, init_optimizer=True)
+    value.finish_training()
+    if policy is not None:
+        policy.prepare_for_training()
+    return value
+
+
+__all__ = ["NemoCritic", "ValueLossFunction", "VALUE_COUNT_KEY", "align_values", "attach_value_count",
+           "build_value", "value_config"]

@@ -1,0 +1,193 @@
+"""The nemo backend's reasoning seams against NeMo-RL's own code (skipped unless ``nemo_rl`` is importable).
+
+Same setup as test_with_nemo_rl.py (NeMo-RL container, or a v0.7 checkout on PYTHONPATH with its pure-Python
+dependencies; README "Running on NeMo-RL"). Checked here:
+- a batch with a given (replayed) response prefix passes NeMo-RL's loss wrapper (logits -> next-token
+  log-probs) with exactly zero gradient on the given tokens and non-zero gradient on the sampled ones;
+- per-token advantages through the adapter equal NeMo-RL's ClippedPGLossFn with [B, T] advantages;
+- NemoCritic's calls bind to the real ``Value`` API (autospec of nemo_rl.models.value.lm_value.Value), the
+  value config derived from a recipe carries every key of NeMo-RL's ValueConfig, and ``build_value`` calls
+  ``Value(...)`` as ppo.py does;
+- the value-loss adapter over a clipped value loss equals NeMo-RL's MseValueLossFn, summed over micro-batches.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from unittest.mock import MagicMock, create_autospec
+
+import pytest
+import torch
+
+nemo_rl = pytest.importorskip("nemo_rl")
+pytestmark = pytest.mark.nemo
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from cpu_nemo import CpuValue, make_tokenizer  # noqa: E402
+from test_reasoning_nemo_cpu import _ppo_batch, clipped_value_loss  # noqa: E402
+from test_with_nemo_rl import prepare_fn  # noqa: E402
+
+from rise_nemo.backends.nemo.critic import VALUE_COUNT_KEY, NemoCritic, ValueLossFunction  # noqa: E402
+from rise_nemo.backends.nemo.loss import RiseLossFunction  # noqa: E402
+from rise_nemo.core.losses import ObjectiveConfig, rise_objective  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+torch.set_num_threads(1)
+VOCAB = 24
+
+
+def _through_nemo(loss_fn, data, logits):
+    from nemo_rl.algorithms.loss.wrapper import wrap_loss_fn_with_input_preparation
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    gvt = (data["token_mask"][:, 1:] * data["sample_mask"][:, None]).sum()
+    return wrap_loss_fn_with_input_preparation(logits, BatchedDataDict(dict(data)), data["sample_mask"].sum(), gvt,
+                                               loss_fn=loss_fn, prepare_fn=prepare_fn())
+
+
+def _with_counts(batch):
+    n_tok = float(batch["token_mask"].sum())
+    return {**batch, "natural_token_count": torch.full((batch["input_ids"].shape[0],), n_tok),
+            "guided_seq_count": torch.zeros(batch["input_ids"].shape[0])}
+
+
+def test_given_prefix_gets_zero_gradient_through_nemo_loss_wrapper():
+    given = 3
+    batch = _with_counts(_ppo_batch(b=4, t=12, given=given))
+    batch["advantages"] = torch.tensor([1.0, -0.5, 0.7, -1.2])
+    logits = torch.randn(4, 12, VOCAB, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    # on-policy (ratio 1, nothing clipped): every sampled token gets a gradient
+    current = torch.log_softmax(logits.detach(), -1)[:, :-1].gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    batch["prev_logprobs"] = torch.cat([torch.zeros(4, 1), current], dim=1)
+    loss_fn = RiseLossFunction(functools.partial(rise_objective, cfg=ObjectiveConfig(lambda_guide=0.0)))
+    loss, _ = _through_nemo(loss_fn, batch, logits)
+    (grad,) = torch.autograd.grad(loss, logits)
+    # logits[:, t] predict token t+1: prompt 0..3, given tokens 4..6 (predicted at 3..5), sampled 7..10
+    assert float(grad[:, 3:3 + given].abs().sum()) == 0.0
+    assert torch.all(grad[:, 6:10].abs().sum(-1) > 0)
+    # the given tokens still condition the continuation: they are in input_ids the model reads
+    assert batch["token_mask"][:, 4:4 + given].sum() == 0 and batch["input_ids"][:, 4:4 + given].ne(0).all()
+
+
+def test_token_advantages_equal_clipped_pg_loss_with_bt_advantages():
+    from nemo_rl.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    batch = _with_counts(_ppo_batch(b=4, t=12, given=2, seed=5))
+    objective = functools.partial(rise_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28, lambda_guide=0.0))
+    try:
+        objective(torch.zeros(4, 12), batch)
+    except KeyError as exc:
+        pytest.skip(f"the core PG loss does not read token_advantages on this branch yet ({exc})")
+    logits = torch.randn(4, 12, VOCAB, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    theirs = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28,
+                                                 reference_policy_kl_penalty=0.0, token_level_loss=True))
+    nemo_data = BatchedDataDict({**batch, "advantages": batch["token_advantages"],
+                                 "generation_logprobs": batch["prev_logprobs"]})
+    our_loss, _ = _through_nemo(RiseLossFunction(objective), batch, logits)
+    their_loss, _ = _through_nemo(theirs, nemo_data, logits)
+    assert float(our_loss) == pytest.approx(float(their_loss), rel=1e-5, abs=1e-7)
+    torch.testing.assert_close(torch.autograd.grad(our_loss, logits)[0], torch.autograd.grad(their_loss, logits)[0],
+                               rtol=1e-4, atol=1e-7)
+
+
+def _autospec_value(tok, dp=2):
+    """An autospec of NeMo-RL's Value (calls with a wrong signature raise TypeError) answering like CpuValue."""
+    from nemo_rl.models.value.lm_value import Value
+
+    cpu = CpuValue(len(tok), dp, [])
+    value = create_autospec(Value, instance=True)
+    value.sharding_annotations = MagicMock()  # an instance attribute of Value (lm_value.py:137), not in the spec
+    value.sharding_annotations.get_axis_size.side_effect = lambda name: {"data_parallel": dp}[name]
+    for name in ("get_values", "train", "prepare_for_training", "prepare_for_inference", "finish_training",
+                 "finish_inference", "save_checkpoint"):
+        getattr(value, name).side_effect = getattr(cpu, name)
+    return value, cpu
+
+
+def test_critic_calls_bind_to_the_real_value_api(tmp_path):
+    from rise_nemo.backends.nemo.runtime import NemoSession
+
+    tok = make_tokenizer()
+    value, cpu = _autospec_value(tok)
+    session = NemoSession(None, None, tok, {"policy": {"generation": {"colocated": {"enabled": True}}}},
+                          refit=lambda *a, **k: None)
+    critic = NemoCritic(session, value, {"train_micro_batch_size": 1, "make_sequence_length_divisible_by": 2})
+    batch = _ppo_batch(b=3, t=10)
+    values = critic.get_values(batch)
+    assert values.shape == (3, 10) and torch.all(values[:, 0] == 0)
+    metrics = critic.train(batch, functools.partial(clipped_value_loss, clip=0.2))
+    assert "critic/value_loss" in metrics and value.train.call_args.kwargs["gbs"] == 4
+    critic.save_checkpoint(tmp_path / "critic")
+    assert value.save_checkpoint.call_args.kwargs["weights_path"].endswith("critic/weights")
+    assert [c[0] for c in value.method_calls][-3:] == ["prepare_for_training", "save_checkpoint", "finish_training"]
+
+
+def test_value_config_from_the_ppo_recipe_is_a_full_value_config(tmp_path, monkeypatch):
+    from nemo_rl.algorithms import grpo
+    from nemo_rl.models.value.config import ValueConfig
+
+    from rise_nemo.backends.nemo import plain_recipe
+    from rise_nemo.backends.nemo.config import build_master_config, value_config
+    from rise_nemo.config.loader import load_config
+
+    nemo_dir = Path(nemo_rl.__file__).resolve().parents[1]
+    if not (nemo_dir / "examples" / "configs").exists():
+        pytest.skip("NeMo-RL example configs not found next to nemo_rl")
+    monkeypatch.setenv("NEMO_RL_DIR", str(nemo_dir))
+    recipe = plain_recipe(load_config(REPO / "recipes" / "ppo_math_7b.yaml"))
+    master = grpo.MasterConfig(**build_master_config(recipe, str(tmp_path)))
+    cfg = value_config(master.policy, master.value)
+    assert ValueConfig.__required_keys__ <= set(cfg), ValueConfig.__required_keys__ - set(cfg)
+    assert cfg["megatron_cfg"]["enabled"] and not cfg["dtensor_cfg"]["enabled"]
+    assert cfg["megatron_cfg"]["optimizer"]["lr"] == 1.5e-6 and master.policy["megatron_cfg"]["optimizer"]["lr"] == 5e-7
+    assert cfg["model_name"] == "Qwen/Qwen2.5-Math-7B"
+
+
+def test_build_value_calls_value_like_ppo_setup(monkeypatch, tmp_path):
+    import nemo_rl.models.value.lm_value as lm_value
+
+    from rise_nemo.backends.nemo.critic import build_value
+
+    cls = create_autospec(lm_value.Value)
+    monkeypatch.setattr(lm_value, "Value", cls)
+    policy = create_autospec(__import__("nemo_rl.models.policy.lm_policy", fromlist=["Policy"]).Policy, instance=True)
+    (tmp_path / "critic" / "optimizer").mkdir(parents=True)
+    value = build_value("cluster", "tok", {"model_name": "m"}, tmp_path / "critic", policy=policy)
+    kwargs = cls.call_args.kwargs
+    assert kwargs["weights_path"] == str(tmp_path / "critic" / "weights") and kwargs["init_optimizer"] is True
+    assert kwargs["optimizer_path"] == str(tmp_path / "critic" / "optimizer")
+    value.finish_training.assert_called_once()
+    assert [c[0] for c in policy.method_calls] == ["offload_after_refit", "prepare_for_training"]
+
+
+def test_value_loss_adapter_equals_mse_value_loss_summed_over_microbatches():
+    from nemo_rl.algorithms.loss.interfaces import LossInputType, LossType
+    from nemo_rl.algorithms.loss.loss_functions import MseValueLossConfig, MseValueLossFn
+
+    batch = _ppo_batch(b=4, t=10, seed=2)
+    batch[VALUE_COUNT_KEY] = torch.full((4,), float(batch["token_mask"].sum()))
+    values = torch.randn(4, 10, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    ours = ValueLossFunction(functools.partial(clipped_value_loss, clip=0.2))
+    assert ours.input_type is LossInputType.LOGIT and ours.loss_type is LossType.TOKEN_LEVEL
+    theirs = MseValueLossFn(MseValueLossConfig(scale=1.0, cliprange=0.2))
+    gvt = (batch["token_mask"] * batch["sample_mask"][:, None]).sum()
+    total_ours = total_theirs = 0.0
+    for rows in (slice(0, 2), slice(2, 4)):  # two micro-batches, each normalised by the global count
+        mb = {k: v[rows] for k, v in batch.items()}
+        total_ours = total_ours + ours(values[rows], mb)[0]
+        total_theirs = total_theirs + theirs(values[rows], mb, batch["sample_mask"].sum(), gvt)[0]
+    assert float(total_ours) == pytest.approx(float(total_theirs), rel=1e-6)
+    torch.testing.assert_close(torch.autograd.grad(total_ours, values)[0], torch.autograd.grad(total_theirs, values)[0])
+
+
+@pytest.mark.parametrize("name", ["ppo_math_7b.yaml", "grpo_math_qwen3_4b.yaml"])
+def test_reasoning_recipes_pass_nemo_rl_master_config(name, tmp_path, monkeypatch):
+    """The two reasoning recipes merged over their NeMo-RL example config pass NeMo-RL's GRPO MasterConfig
+    and keep their layout (the same check test_with_nemo_rl.py runs for the other recipes)."""
+    from test_with_nemo_rl import test_recipes_pass_nemo_rl_master_config as check
+
+    check(name, tmp_path, monkeypatch)
