@@ -94,7 +94,9 @@ class DataCfg:
     shuffle: bool = True
     task: dict[str, Any] = field(default_factory=dict)  # make_persistent_task(**task): seed, train_per_topic, ...
     warm_start: dict[str, Any] = field(default_factory=dict)  # persistent_task.WarmStartConfig keys
-    warm_start_cache: str | None = ".cache/warm_start"  # cached warm-started weights; null = never cache
+    # cached warm-started weights: auto = rise_nemo.cache.cache_dir("warm_start") ($RISE_NEMO_CACHE, default
+    # ~/.cache/rise_nemo/warm_start, the same from any directory); a path; null = never cache
+    warm_start_cache: str | None = "auto"
 
 
 @dataclass
@@ -106,6 +108,7 @@ class TrainCfg:
     tensorboard: bool = False  # used only when enabled AND installed
     wandb: bool = False
     wandb_project: str = "rise_nemo"
+    log_samples: int = 8  # natural and privileged rollouts per step written to samples.jsonl; 0 = off
 
 
 @dataclass
@@ -164,6 +167,7 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "train.steps": (lambda v: v >= 0, ">= 0"),
     "train.checkpoint_every": (lambda v: v >= 0, ">= 0"),
     "train.keep_checkpoints": (lambda v: v >= 0, ">= 0"),
+    "train.log_samples": (lambda v: v >= 0, ">= 0"),
     "eval.every": (lambda v: v >= 0, ">= 0"),
     "eval.samples_per_prompt": (lambda v: v >= 1, ">= 1 (the acceptance asks for >= 8)"),
 }

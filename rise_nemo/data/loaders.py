@@ -2,7 +2,7 @@
 
 Formats (``fmt``; "auto" detects the format of every record from its keys):
   healthbench  ``prompt`` [messages], ``rubrics`` [{criterion, points, tags}], optional ``prompt_id``
-               (../shared/data/healthbench_sample.jsonl)
+               (rise_nemo/data/samples/healthbench_sample.jsonl)
   rubrichub    RubricHub / verl rows: ``prompt`` [messages] + ``Rubrics`` or ``reward_model.rubrics``
                [{criterion, points, tags}] (``reward_model`` may be a JSON string), JSONL or parquet
   rar          Rubrics-as-Rewards rows: ``question`` (str), ``rubric`` [{description, title, weight}],
@@ -50,8 +50,13 @@ class LoadedPrompts(NamedTuple):
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any | RubricError]]:
     """(line number, parsed object or the RubricError describing why the line is not JSON)."""
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield lineno, RubricError(f"{path}:{lineno}: not UTF-8 text (byte {exc.start + 1} of the line)")
+                continue
             if not line.strip():
                 continue
             try:
@@ -327,6 +332,8 @@ def load_rubric_prompts(path: str | Path, fmt: str = "auto", skip_invalid: bool 
             continue
         seen[prompt.prompt_id] = where
         prompts.append(prompt)
+    if not prompts and not skipped:
+        raise RubricError(f"{path}: no records (the file is empty)")
     if skipped:
         log.warning("%s: skipped %d invalid record(s); first: %s", path, len(skipped), skipped[0].reason)
     log.info("loaded %d rubric prompts from %s", len(prompts), path)
