@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="total nodes (training + dedicated generation + judge); default: the recipe's nemo.plan.nodes")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="default: the recipe's nemo.cluster.gpus_per_node")
     parser.add_argument("--gpu-mem-gib", type=float, default=141.0, help="GPU memory in GiB (H200: 141)")
+    parser.add_argument("--train-nodes", type=int, default=None,
+                        help="training nodes (instead of --nodes; dedicated generation and judge nodes are added "
+                             "from the recipe): what slurm/launch.sh gives the driver")
     parser.add_argument("--skip-non-nemo", action="store_true",
                         help="exit 0 with a note for a recipe that is not backend: nemo (used by slurm/launch.sh)")
 
@@ -73,7 +76,12 @@ def run(args: argparse.Namespace) -> int:
         if args.skip_non_nemo and tree.get("backend") != "nemo":
             print(f"plan: {path.stem}: backend {tree.get('backend')} (not NeMo-RL): no layout to check")
             return 0
-        report = plan_recipe(tree, nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpu_mem_gib=args.gpu_mem_gib)
+        nodes = args.nodes
+        if args.train_nodes is not None:
+            from rise_nemo.planner.layout import get, nodes_from_cluster
+
+            nodes = args.train_nodes + nodes_from_cluster(tree) - get(tree, "nemo.cluster.num_nodes", typ=int)
+        report = plan_recipe(tree, nodes=nodes, gpus_per_node=args.gpus_per_node, gpu_mem_gib=args.gpu_mem_gib)
     except (FileNotFoundError, RecipeKeyError, ModelShapeError, ValueError) as exc:
         # ValueError covers rise_nemo.config.ConfigError (bad key/type, naming the file).
         print(f"rise-nemo plan: {args.recipe}: {exc}", file=sys.stderr)
