@@ -268,12 +268,13 @@ class Trainer:
     def _write_summary(self) -> None:
         evals = sorted((self.run_dir / "eval").glob("step_*.json")) if (self.run_dir / "eval").is_dir() else []
         last = json.loads(evals[-1].read_text()) if evals else None
-        switched = self.ctx.spec.guidance and not bool(self.ctx.schedule.active)
+        switch_step = getattr(self.ctx.schedule, "switch_step", None)
+        switched = self.ctx.spec.guidance and switch_step is not None and self.step >= switch_step
         summary = {
             "method": str(self.cfg.method), "seed": int(self.cfg.run.seed), "steps": self.step,
             # Only a guidance switch that happened is reported (a fixed schedule past the last step is not).
             "switch_reason": getattr(self.ctx.schedule, "switch_reason", None) if switched else None,
-            "switch_step": getattr(self.ctx.schedule, "switch_step", None) if switched else None,
+            "switch_step": switch_step if switched else None,
             "final_eval": {k: v for k, v in (last or {}).items() if k not in ("criteria", "samples")},
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
