@@ -56,7 +56,7 @@ class ScheduleCfg:
 
 @dataclass
 class RiseCfg:
-    lambda_guide: float = 0.2  # lambda_0 of eq. 12 (paper 0.05; a tiny model needs ~0.2, DESIGN.md)
+    lambda_guide: float = 0.2  # lambda_0 of eq. 12 (paper 0.05; a tiny model needs ~0.2, docs/DESIGN.md §2)
     gamma: float = 0.1  # policy-support constant of eqs. 9-10
     a_max: float = 1.0  # clip of the trajectory weight A~ (eq. 11)
     top_m: int | None = 5  # M of eq. 5; None = every failed criterion

@@ -1,4 +1,4 @@
-"""One training step of RISE-RL and of its baselines (DESIGN.md §2), written against rise_nemo.interfaces.
+"""One training step of RISE-RL and of its baselines (docs/DESIGN.md §2), written against rise_nemo.interfaces.
 
 ``train_step`` reads top to bottom; every stage is a named function below it. Which method runs is
 configuration only (``MethodSpec.from_config``):
