@@ -55,15 +55,20 @@ def build_checked_judge(cfg: Any, probe: bool = True) -> Any:
         if judge_cfg.get("ray_actor"):
             require_extra("judge", "ray", what="the judge's Ray actor (judge.ray_actor: true)")
     try:
-        judge = build_judge(judge_cfg)
+        if kind == "http":  # validate the block and the key's variable, then probe, before any actor starts
+            from rise_nemo.judges.http import HttpJudgeConfig
+
+            HttpJudgeConfig.from_mapping(judge_cfg).api_key()
+            if probe:
+                from rise_nemo.judges.probe import probe_judge_urls
+
+                probe_judge_urls(judge_cfg)
+        return build_judge(judge_cfg)
     except (ValueError, JudgeError) as exc:
+        if isinstance(exc, UserError):
+            raise
         message = str(exc)
         raise UserError(message if "judge" in message else f"config block 'judge': {message}") from None
-    if probe and kind == "http":
-        from rise_nemo.judges.probe import probe_judge_urls
-
-        probe_judge_urls(judge_cfg)
-    return judge
 
 
 def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int | None = None,
