@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
         trainer = build_trainer(cfg)  # the warm start (or its cache) happens here, outside the timing
         t0 = time.perf_counter()
         trainer.run()  # training steps and the guidance-free evaluations
+        if trainer.stopped_by:  # Ctrl-C / SIGTERM: the trainer checkpointed; do not start the next method
+            print(f"\ndemo stopped by {trainer.stopped_by} during {method}; run it again to start over")
+            return 0
         evals = [json.loads(p.read_text()) for p in sorted((run_dir / "eval").glob("step_*.json"))]
         rows.append((method, args.seed, evals, time.perf_counter() - t0))
 

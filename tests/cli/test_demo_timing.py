@@ -13,6 +13,8 @@ from rise_nemo.cli import main
 
 
 class _FakeTrainer:
+    stopped_by = None
+
     def __init__(self, cfg):
         self.run_dir = __import__("pathlib").Path(cfg.run.dir)
 
