@@ -42,8 +42,18 @@ from rise_nemo.orchestration.step import MethodSpec, StepContext, train_step
 
 log = logging.getLogger("rise_nemo.train")
 
-# Keys whose values depend on wall-clock time; everything else in metrics.jsonl is reproducible.
+# Keys whose values depend on the process, not on the run: wall-clock times, and the judge's counters
+# (``judge/calls``, ``judge/cache_hits``, ...: cumulative since this process started, so they restart at a
+# resume). Everything else in metrics.jsonl, ``judge/unknown_excluded`` included, is reproducible.
 TIMING_PREFIX = "time/"
+JUDGE_COUNTER_PREFIX = "judge/"
+STEP_JUDGE_KEYS = ("judge/unknown_excluded",)
+
+
+def reproducible_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` without the process-dependent keys (what a resumed run reproduces exactly)."""
+    return {k: v for k, v in metrics.items() if not k.startswith(TIMING_PREFIX)
+            and (not k.startswith(JUDGE_COUNTER_PREFIX) or k in STEP_JUDGE_KEYS)}
 PROGRESS_KEYS = (("reward/natural_mean", "r_nat"), ("reward/privileged_mean", "r_priv"),
                  ("guidance/delta_r", "dr"), ("guidance/lambda", "lam"), ("guidance/retained", "kept"))
 
