@@ -524,10 +524,13 @@ check_plan() {
     echo "$PREFIX WARNING: planner check skipped ($RISE_PYTHON cannot import rise_nemo and its dependencies); the driver runs it" >&2
     return 0
   fi
-  local out
+  local out rc=0
   out=$("$RISE_PYTHON" -m rise_nemo.cli plan "$RISE_RECIPE" --skip-non-nemo --train-nodes "$N_TRAIN" \
-    --gpus-per-node "$GPUS_PER_NODE" "${OVERRIDES[@]}" 2>&1) ||
-    die "rise-nemo plan refuses $RISE_RECIPE with $N_TRAIN training node(s): $(grep -E '^ +- |^rise-nemo plan' <<<"$out" | sed 's/^ *- //' | tr '\n' ';')"
+    --gpus-per-node "$GPUS_PER_NODE" "${OVERRIDES[@]}" 2>&1) || rc=$?
+  # 1 = the layout cannot run. 2 = the recipe itself is invalid: the driver reports that in driver.log.
+  ((rc == 1)) && die "rise-nemo plan refuses $RISE_RECIPE with $N_TRAIN training node(s): $(grep -E '^ +- ' <<<"$out" | sed 's/^ *- //' | tr '\n' ';')"
+  ((rc == 0 || rc == 1)) || echo "$PREFIX WARNING: planner could not read the recipe (the driver will say why): ${out##*$'\n'}" >&2
+  return 0
 }
 
 print_plan() {
