@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := .ci/constraints-cpu.txt
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
-# Ray must stay on loopback (DESIGN.md §5).
+# Ray must stay on loopback (docs/DESIGN.md §5).
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 
 .PHONY: install test lint unit demo bench clean
@@ -38,7 +38,7 @@ clean:
 # in the test, both grading modes with structured outputs through `vllm serve`. Measured on a 2-core CI-type
 # machine: `make test-vllm` from scratch 3.0 min (venv ~2 min, server start + test ~1 min).
 # RISE_TEST_VLLM=1 makes a missing venv a failure instead of a skip. torchvision/torchaudio/torchcodec are
-# removed after the install: their PyPI builds break vLLM's import (DESIGN.md §5); the judge needs none.
+# removed after the install: their PyPI builds break vLLM's import (docs/DESIGN.md §5); the judge needs none.
 VLLM_VENV ?= .venv-vllm
 .PHONY: test-vllm
 $(VLLM_VENV)/.installed: $(CONSTRAINTS)

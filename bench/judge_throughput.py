@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 from rise_nemo.core.rubric import Criterion, Rubric
+from rise_nemo.data.samples import healthbench_sample_path
 from rise_nemo.interfaces import JudgeRequest
 from rise_nemo.judges.http import build_http_judge
 from rise_nemo.judges.rule_server import rule_verdict
@@ -35,9 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def load_pool(n_responses: int, n_criteria: int, seed: int = 0) -> list[JudgeRequest]:
-    """Real HealthBench conversations and criteria when the shared data is there, else synthetic ones."""
+    """Real HealthBench conversations and criteria (the sample shipped in rise_nemo.data.samples)."""
     rng = random.Random(seed)
-    path = Path(os.environ.get("RISE_SHARED_DIR", REPO.parent / "shared")) / "data" / "healthbench_sample.jsonl"
+    path = healthbench_sample_path()
     if path.exists():
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         convs = [r["prompt"] for r in rows]

@@ -1,13 +1,19 @@
 """`rise-nemo` console script: a thin dispatcher to rise_nemo.commands.<name>.
 
 Each command module exposes ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
-Only the chosen command's module is imported, so `rise-nemo plan` does not pay for torch/transformers.
+Only the chosen command's module is imported (they import their heavy dependencies lazily), so
+`rise-nemo plan` does not pay for torch/transformers.
+
+Options and ``key=value`` overrides may come in any order (``parse_intermixed_args``). Every user error
+(``UserError``, ``ConfigError``, ``RubricError``) ends in one line on stderr and exit code 2, never a
+traceback; a closed pipe (``rise-nemo eval ... | head``) ends quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS: dict[str, str] = {
@@ -20,18 +26,33 @@ COMMANDS: dict[str, str] = {
 
 
 def _usage() -> str:
-    lines = ["usage: rise-nemo COMMAND [options]", "", "commands:"]
-    for name in COMMANDS:
-        lines.append(f"  {name}")
-    lines.append("")
-    lines.append("Run `rise-nemo COMMAND --help` for a command's options.")
+    lines = ["usage: rise-nemo [--version] COMMAND [options] [key=value ...]", "", "commands:"]
+    for name, module in COMMANDS.items():
+        lines.append(f"  {name:<8} {importlib.import_module(module).HELP}")
+    lines += ["", "Run `rise-nemo COMMAND --help` for a command's options."]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _version() -> str:
+    from rise_nemo import __version__
+
+    return f"rise-nemo {__version__}"
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from rise_nemo.config import ConfigError
+    from rise_nemo.core.rubric import RubricError
+    from rise_nemo.errors import UserError
+
+    return (UserError, ConfigError, RubricError)
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        print(_version())
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
@@ -40,8 +61,26 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[name])
     parser = argparse.ArgumentParser(prog=f"rise-nemo {name}", description=module.HELP)
     module.add_arguments(parser)
-    args = parser.parse_args(rest)
-    return int(module.run(args) or 0)
+    args = parser.parse_intermixed_args(rest)
+    try:
+        return int(module.run(args) or 0)
+    except _user_errors() as exc:
+        print(f"rise-nemo {name}: {exc}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        rc = _dispatch(argv)
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        # The reader went away (`| head`): point stdout at /dev/null so the interpreter's final flush
+        # does not raise again, and exit like other Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The three small interfaces the orchestration layer is written against (DESIGN.md §3).
+"""The three small interfaces the orchestration layer is written against (docs/DESIGN.md §3).
 
 Backends implement them: ``rise_nemo.backends.local`` (transformers, one process) and
 ``rise_nemo.backends.nemo`` (NeMo-RL Megatron policy + vLLM generation). Judges implement ``Judge``:

@@ -516,6 +516,23 @@ die_run() {
 }
 
 # ---------------------------------------------------------------- main
+# The planner (pure Python: no torch, no GPU) refuses a layout that cannot run, in a dry run and before any
+# step starts; `rise-nemo train` repeats the check in the driver. It is given the training nodes the
+# driver will get. Skipped with a warning where RISE_PYTHON cannot run it (container mode on a bare host).
+check_plan() {
+  if ! "$RISE_PYTHON" -c 'import omegaconf, yaml, rise_nemo.commands.plan' 2>/dev/null; then
+    echo "$PREFIX WARNING: planner check skipped ($RISE_PYTHON cannot import rise_nemo and its dependencies); the driver runs it" >&2
+    return 0
+  fi
+  local out rc=0
+  out=$("$RISE_PYTHON" -m rise_nemo.cli plan "$RISE_RECIPE" --skip-non-nemo --train-nodes "$N_TRAIN" \
+    --gpus-per-node "$GPUS_PER_NODE" "${OVERRIDES[@]}" 2>&1) || rc=$?
+  # 1 = the layout cannot run. 2 = the recipe itself is invalid: the driver reports that in driver.log.
+  ((rc == 1)) && die "rise-nemo plan refuses $RISE_RECIPE with $N_TRAIN training node(s): $(grep -E '^ +- ' <<<"$out" | sed 's/^ *- //' | tr '\n' ';')"
+  ((rc == 0 || rc == 1)) || echo "$PREFIX WARNING: planner could not read the recipe (the driver will say why): ${out##*$'\n'}" >&2
+  return 0
+}
+
 print_plan() {
   local i role
   log "job ${SLURM_JOB_ID:-<none>} attempt SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0} recipe=$RISE_RECIPE run_dir=$RUN_DIR mode=$([[ -n $CONTAINER ]] && echo "container $CONTAINER" || echo host)"
@@ -563,6 +580,7 @@ main() {
 
   resolve_nodes
   assign_roles
+  check_plan
   detect_gres
   if ! is_dry; then
     mkdir -p "$LOG_DIR" || die "cannot create $LOG_DIR"

@@ -19,10 +19,19 @@ BACKEND_MODULES: dict[str, str] = {
 }
 
 
+def require_backend_extras(name: str) -> None:
+    """`pip install rise_nemo` alone has no transformers: a missing extra is a UserError naming it."""
+    if name == "local":
+        from rise_nemo.errors import require_extra
+
+        require_extra("local", "transformers", "tokenizers", "safetensors", what="the local backend")
+
+
 def build_backend(cfg: Any) -> tuple[Policy, Generator]:
     name = cfg.backend
     if name not in BACKEND_MODULES:
         raise ValueError(f"config key 'backend': unknown backend {name!r}; expected one of {sorted(BACKEND_MODULES)}")
+    require_backend_extras(name)
     module = importlib.import_module(BACKEND_MODULES[name])
     build = getattr(module, "build", None)
     if build is None:

@@ -1,7 +1,8 @@
 """`rise-nemo demo` (`make demo`): the whole method, embedded, on CPU in a few minutes.
 
 1. Warm start: a tiny Qwen3 model learns the persistent-criteria task and to follow appended hints
-   (cached in .cache/warm_start, so only the first demo pays for it); its unprompted and hinted rates
+   (cached under rise_nemo.cache.cache_dir("warm_start"): $RISE_NEMO_CACHE, default ~/.cache/rise_nemo,
+   so only the first demo pays for it, from any directory); its unprompted and hinted rates
    for the persistent criteria are measured and printed.
 2. Train Rubric-RL and RISE-RL from that same warm start (recipes/rubric_rl_tiny_cpu.yaml and
    recipes/rise_tiny_cpu.yaml, fresh run directories under --out).
@@ -35,10 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _recipes_dir(arg: str | None) -> Path:
     if arg:
         return Path(arg)
-    here = Path(__file__).resolve().parents[2] / "recipes"  # a source checkout (make demo)
-    if here.is_dir():
-        return here
-    return Path("recipes")
+    from rise_nemo.config.recipes import recipes_dir
+
+    return recipes_dir()  # the checkout's recipes/ (make demo) or the installed copy
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,8 +65,12 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"\n=== {method}: {cfg.train.steps} steps, {cfg.grpo.prompts_per_step} prompts x "
               f"{cfg.grpo.group_size} samples per step ({recipes / recipe}) ===", flush=True)
+        trainer = build_trainer(cfg)  # the warm start (or its cache) happens here, outside the timing
         t0 = time.perf_counter()
-        build_trainer(cfg).run()
+        trainer.run()  # training steps and the guidance-free evaluations
+        if trainer.stopped_by:  # Ctrl-C / SIGTERM: the trainer checkpointed; do not start the next method
+            print(f"\ndemo stopped by {trainer.stopped_by} during {method}; run it again to start over")
+            return 0
         evals = [json.loads(p.read_text()) for p in sorted((run_dir / "eval").glob("step_*.json"))]
         rows.append((method, args.seed, evals, time.perf_counter() - t0))
 
@@ -89,7 +93,7 @@ def comparison_table(rows) -> str:
 
     lines = ["", "Guidance-free evaluation on held-out prompts (8 samples per prompt):", "",
              f"{'method':<10} {'seed':>4} {'step':>5} {'mean reward':>12} {'persistent cov.':>16} "
-             f"{'negative rate':>14} {'cov. AUC':>9} {'train s':>8}"]
+             f"{'negative rate':>14} {'cov. AUC':>9} {'run s':>8}"]
     initial = rows[0][2][0]
     lines.append(f"{'initial':<10} {rows[0][1]:>4} {initial['step']:>5} {initial['reward_mean']:>12.4f} "
                  f"{pct(initial['persistent_coverage']):>16} {pct(initial['negative_rate']):>14} {'':>9} {'':>8}")

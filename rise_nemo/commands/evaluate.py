@@ -1,7 +1,7 @@
 """`rise-nemo eval`: guidance-free evaluation of a checkpoint (or of the recipe's initial model).
 
     rise-nemo eval RUN_DIR                      # latest checkpoint, config from RUN_DIR/config.yaml
-    rise-nemo eval RUN_DIR --checkpoint step_000010 eval.samples_per_prompt=16
+    rise-nemo eval RUN_DIR --checkpoint step_10 eval.samples_per_prompt=16   # options and overrides in any order
     rise-nemo eval --config recipes/x.yaml      # the initial (for the persistent task: warm-started) policy
 
 Writes ``<run dir>/eval/step_XXXXXX.json`` (or ``--out``) and prints the summary and coverage table.
@@ -37,9 +37,33 @@ def _split(items: list[str]) -> tuple[str | None, list[str]]:
     return run_dir, overrides
 
 
+def resolve_checkpoint(run_dir: Path, name: str | None) -> Path | None:
+    """``--checkpoint``: a directory, or a name under RUN_DIR/checkpoints (``step_000010``, ``step_10``,
+    ``10``); None = the latest complete one. An unknown name is a ``UserError`` listing what exists."""
+    from rise_nemo.errors import UserError
+    from rise_nemo.orchestration import checkpoint as ckpt
+
+    if name is None:
+        return ckpt.latest_checkpoint(run_dir)
+    given = Path(name)
+    if given.is_dir():
+        candidate = given
+    else:
+        digits = name.removeprefix("step_")
+        short = ckpt.step_dir_name(int(digits)) if digits.isdigit() else name
+        candidate = run_dir / ckpt.CHECKPOINTS / short
+    if not ckpt.is_complete(candidate):
+        known = ", ".join(p.name for _, p in ckpt.list_checkpoints(run_dir)) or "none"
+        raise UserError(f"--checkpoint {name}: no complete checkpoint at {candidate} (complete checkpoints "
+                        f"in {run_dir}: {known})")
+    return candidate
+
+
 def run(args: argparse.Namespace) -> int:
     from rise_nemo.commands.train import setup_logging
-    from rise_nemo.config import ConfigError, load_config
+    from rise_nemo.config import load_config
+    from rise_nemo.config.recipes import resolve_recipe
+    from rise_nemo.errors import UserError
 
     setup_logging()
     args.run_dir, args.overrides = _split(args.items)
@@ -47,29 +71,29 @@ def run(args: argparse.Namespace) -> int:
         print("rise-nemo eval: give a RUN_DIR or --config", file=sys.stderr)
         return 2
     run_dir = Path(args.run_dir) if args.run_dir else None
-    config = args.config or str(run_dir / "config.yaml")
-    try:
-        cfg = load_config(config, args.overrides)
-    except ConfigError as exc:
-        print(f"rise-nemo eval: {exc}", file=sys.stderr)
-        return 2
+    if run_dir is not None and not (run_dir / "config.yaml").is_file() and args.config is None:
+        raise UserError(f"{run_dir}: not a run directory (no config.yaml); give a run directory or --config")
+    config = resolve_recipe(args.config) if args.config else run_dir / "config.yaml"
+    env_sources: dict[str, str] = {}
+    cfg = load_config(config, args.overrides, env_sources=env_sources)
 
-    from rise_nemo.backends import build_backend
-    from rise_nemo.judges import build_judge
     from rise_nemo.orchestration import checkpoint as ckpt
-    from rise_nemo.orchestration.data import load_prompts, warm_start_policy
+    from rise_nemo.orchestration.data import load_prompts_checked, warm_start_policy
     from rise_nemo.orchestration.evaluate import evaluate
+    from rise_nemo.orchestration.run import build_checked_judge, check_backend
 
-    _, eval_prompts = load_prompts(cfg)
+    # Everything a user can get wrong is checked before the backend is built.
+    path = resolve_checkpoint(run_dir, args.checkpoint) if run_dir is not None else None
+    _, eval_prompts = load_prompts_checked(cfg, env_sources)
     if not eval_prompts:
-        print("rise-nemo eval: the recipe has no held-out prompts", file=sys.stderr)
-        return 2
+        raise UserError("the recipe has no held-out prompts (data.eval_path)")
+    check_backend(cfg)
+    judge = build_checked_judge(cfg)
+    from rise_nemo.backends import build_backend
+
     policy, generator = build_backend(cfg)
     step = 0
     if run_dir is not None:
-        path = Path(args.checkpoint) if args.checkpoint else ckpt.latest_checkpoint(run_dir)
-        if path is not None and not path.is_absolute() and not path.exists():
-            path = run_dir / ckpt.CHECKPOINTS / path
         if path is None:
             print(f"rise-nemo eval: {run_dir} has no complete checkpoint; evaluating the initial policy",
                   file=sys.stderr)
@@ -77,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             step = int(ckpt.load_checkpoint(path, policy)["step"])
     if step == 0:  # the recipe's initial policy: on the persistent task that is the warm-started model
         warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
-    result = evaluate(cfg, generator, build_judge(cfg.judge), eval_prompts, step)
+    result = evaluate(cfg, generator, judge, eval_prompts, step)
     out = Path(args.out) if args.out else (run_dir / "eval" / f"step_{step:06d}.json" if run_dir else None)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

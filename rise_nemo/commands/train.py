@@ -15,12 +15,25 @@ HELP = "Train (or resume) a run from a recipe: --config recipes/<name>.yaml [dot
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="recipe YAML (defaults: inheritance, see recipes/)")
+    parser.add_argument("--config", required=True,
+                        help="recipe YAML, or a recipe name such as rise_tiny_cpu (defaults: inheritance, see recipes/)")
     parser.add_argument("--run-dir", default=None, help="run directory (default: run.dir or runs/<run.name>)")
-    parser.add_argument("--stop-after", type=int, default=None,
-                        help="stop (checkpoint, exit 0) after this many steps in total, as a signal would")
+    parser.add_argument("--stop-after", type=_positive_int, default=None,
+                        help="stop (checkpoint, exit 0) after this many steps in total, as a signal would (>= 1)")
+    parser.add_argument("--allow-config-change", action="store_true",
+                        help="resume although the config differs from the run's (recorded in config_history/)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="NeMo-RL-style overrides: a.b=1 (existing key), ++a.b=1 (add), ~a.b (delete)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def setup_logging() -> None:
@@ -34,17 +47,20 @@ def setup_logging() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rise_nemo.config import ConfigError, load_config
+    from rise_nemo.config import load_config
+    from rise_nemo.config.recipes import resolve_recipe
 
     setup_logging()
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(f"rise-nemo train: {exc}", file=sys.stderr)
-        return 2
+    env_sources: dict[str, str] = {}
+    cfg = load_config(resolve_recipe(args.config), args.overrides, env_sources=env_sources)
+    if cfg.backend == "nemo":
+        from rise_nemo.commands.plan import refuse_unplannable
+
+        refuse_unplannable(cfg)  # a layout NeMo-RL cannot run is refused before anything starts
     from rise_nemo.orchestration.run import build_trainer
 
-    trainer = build_trainer(cfg, run_dir=args.run_dir, stop_after=args.stop_after)
+    trainer = build_trainer(cfg, run_dir=args.run_dir, stop_after=args.stop_after,
+                            allow_config_change=args.allow_config_change, env_sources=env_sources)
     rc = trainer.run()
     print(f"run directory: {trainer.run_dir}")
     return rc

@@ -312,12 +312,29 @@ def validate_tree(tree: Mapping[str, Any], prov: Mapping[str, str] | None = None
 # Public entry points
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
-    """Load, merge, override, resolve and validate a recipe; returns a read-only DictConfig."""
+_ENV_RE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _env_sources(tree: Any, out: dict[str, str], prefix: str = "") -> None:
+    """dotted key -> the environment variable its ``${oc.env:VAR,...}`` value reads (first one)."""
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            _env_sources(value, out, f"{prefix}{key}.")
+    elif isinstance(tree, str) and (match := _ENV_RE.search(tree)):
+        out[prefix.rstrip(".")] = match.group(1)
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = (), env_sources: dict[str, str] | None = None
+                ) -> DictConfig:
+    """Load, merge, override, resolve and validate a recipe; returns a read-only DictConfig.
+    ``env_sources``, when given, is filled with dotted key -> environment variable for values set by
+    ``${oc.env:...}`` (so an error about a path can name the variable that set it)."""
     prov: dict[str, str] = {}
     tree = load_recipe_tree(path, prov)
     for override in overrides:
         apply_override(tree, override, prov)
+    if env_sources is not None:
+        _env_sources(tree, env_sources)
     try:  # resolve ${...} interpolations before type checks
         resolved = OmegaConf.to_container(OmegaConf.create(tree), resolve=True)
     except Exception as exc:  # omegaconf raises several types; all mean a bad interpolation

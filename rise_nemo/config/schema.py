@@ -58,7 +58,7 @@ class ScheduleCfg:
 
 @dataclass
 class RiseCfg:
-    lambda_guide: float = 0.2  # lambda_0 of eq. 12 (paper 0.05; a tiny model needs ~0.2, DESIGN.md)
+    lambda_guide: float = 0.2  # lambda_0 of eq. 12 (paper 0.05; a tiny model needs ~0.2, docs/DESIGN.md §2)
     gamma: float = 0.1  # policy-support constant of eqs. 9-10
     a_max: float = 1.0  # clip of the trajectory weight A~ (eq. 11)
     top_m: int | None = 5  # M of eq. 5; None = every failed criterion
@@ -98,7 +98,9 @@ class DataCfg:
     shuffle: bool = True
     task: dict[str, Any] = field(default_factory=dict)  # make_persistent_task(**task): seed, train_per_topic, ...
     warm_start: dict[str, Any] = field(default_factory=dict)  # persistent_task.WarmStartConfig keys
-    warm_start_cache: str | None = ".cache/warm_start"  # cached warm-started weights; null = never cache
+    # cached warm-started weights: auto = rise_nemo.cache.cache_dir("warm_start") ($RISE_NEMO_CACHE, default
+    # ~/.cache/rise_nemo/warm_start, the same from any directory); a path; null = never cache
+    warm_start_cache: str | None = "auto"
 
 
 @dataclass
@@ -110,6 +112,7 @@ class TrainCfg:
     tensorboard: bool = False  # used only when enabled AND installed
     wandb: bool = False
     wandb_project: str = "rise_nemo"
+    log_samples: int = 8  # natural and privileged rollouts per step written to samples.jsonl; 0 = off
 
 
 @dataclass
@@ -168,6 +171,7 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "train.steps": (lambda v: v >= 0, ">= 0"),
     "train.checkpoint_every": (lambda v: v >= 0, ">= 0"),
     "train.keep_checkpoints": (lambda v: v >= 0, ">= 0"),
+    "train.log_samples": (lambda v: v >= 0, ">= 0"),
     "eval.every": (lambda v: v >= 0, ">= 0"),
     "eval.samples_per_prompt": (lambda v: v >= 1, ">= 1 (the acceptance asks for >= 8)"),
 }

@@ -107,7 +107,7 @@ def retained(a_ref) -> torch.Tensor:
 def coupled_group_advantages(
     nat_rewards, priv_rewards, eps: float = 1e-6, nat_valid=None, priv_valid=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Coupled ablation (DESIGN.md §2, also RuscaRL's training rule): eq. 1 over the joined group.
+    """Coupled ablation (docs/DESIGN.md §2, also RuscaRL's training rule): eq. 1 over the joined group.
 
     The privileged responses, re-scored under the original prompt, join the natural ones in one GRPO
     group, so they DO shift the natural mean/std (the effect RISE-RL's decoupling avoids).

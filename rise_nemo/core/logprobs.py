@@ -1,4 +1,4 @@
-"""Per-token log-probabilities and entropies from logits, computed in chunks (DESIGN.md §3).
+"""Per-token log-probabilities and entropies from logits, computed in chunks (docs/DESIGN.md §3).
 
 Alignment (shared with NeMo-RL, see rise_nemo.interfaces): for logits [B, T, V] of a causal LM run on
 input_ids [B, T], ``out[b, t] = log p(input_ids[b, t] | input_ids[b, :t])`` comes from ``logits[b, t-1]``;

@@ -39,7 +39,7 @@ TokenWeighting = Literal["policy_support", "uniform"]
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
-    """Hyper-parameters of eq. 12. Defaults are the paper's (DESIGN.md §2): clip 0.2 / 0.28, KL 0,
+    """Hyper-parameters of eq. 12. Defaults are the paper's (docs/DESIGN.md §2): clip 0.2 / 0.28, KL 0,
     entropy 0, gamma 0.1; lambda_guide 0.05 (writing/chat; use 0.01 for health/science).
 
     token_weighting: "policy_support" uses log rho = log p/(p+gamma) (eqs. 9-10); "uniform" is the

@@ -1,7 +1,7 @@
 """Prompt construction: RISE-RL's privileged prompt (eq. 6) and the RuscaRL scaffold baseline.
 
 Both functions copy the conversation and never edit it in place; the originals stay the prompts under
-which log-probs are recomputed and responses are judged (DESIGN.md §2).
+which log-probs are recomputed and responses are judged (docs/DESIGN.md §2).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def ruscarl_num_scaffold(
     alpha: float = 125.0,
     t0: float = 0.2,
 ) -> int:
-    """RuscaRL's scaffold size: round(K * lambda_i * phi(x)) (DESIGN.md §2).
+    """RuscaRL's scaffold size: round(K * lambda_i * phi(x)) (docs/DESIGN.md §2).
 
     lambda_i = (n-1-i)/(n-1) staggers the scaffolding inside a group of n samples (sample 0 gets the most,
     sample n-1 none; lambda = 1 when n = 1); phi(x) = 1/(1+exp(alpha (x - t0))) decays it over training

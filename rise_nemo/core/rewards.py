@@ -1,6 +1,6 @@
 """Rubric rewards and criterion selection (RISE-RL eqs. 2-5).
 
-Verdict convention (DESIGN.md §2): ``verdicts[..., k]`` is 1 when the response *meets* criterion k, i.e.
+Verdict convention (docs/DESIGN.md §2): ``verdicts[..., k]`` is 1 when the response *meets* criterion k, i.e.
 the statement of the criterion holds. For a negative-points criterion (an undesirable behaviour) "met"
 means the behaviour occurred, which subtracts its points (HealthBench convention) and counts as a
 *failure* for selection.
@@ -74,7 +74,7 @@ def criterion_priority(verdicts, weights) -> torch.Tensor:
     """Eq. 4 generalised to signed points: p_k = |w_k| f_k, f_k = sum_i fail_ik over the G natural responses.
 
     The paper writes p_k = w_k sum_i (1 - z_ik), which assumes positive weights; with a negative criterion
-    "failing" means meeting it, and its importance is |w_k| (DESIGN.md §2). Returns float32 [K].
+    "failing" means meeting it, and its importance is |w_k| (docs/DESIGN.md §2). Returns float32 [K].
     """
     fails = failure_matrix(verdicts, weights)  # [G, K]
     f = fails.sum(0).to(torch.float32)  # [K]

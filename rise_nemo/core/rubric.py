@@ -1,6 +1,6 @@
 """Rubric data model (no I/O): criteria with signed weights and optional machine checks.
 
-Conventions fixed in DESIGN.md §2:
+Conventions fixed in docs/DESIGN.md §2:
 - A criterion's ``weight`` is its points. Negative points describe an undesirable behaviour; such a
   criterion is *met* when the behaviour occurs, and then subtracts (HealthBench convention).
 - A rubric must have at least one criterion with positive points (otherwise eq. 3 has no

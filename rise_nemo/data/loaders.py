@@ -2,7 +2,7 @@
 
 Formats (``fmt``; "auto" detects the format of every record from its keys):
   healthbench  ``prompt`` [messages], ``rubrics`` [{criterion, points, tags}], optional ``prompt_id``
-               (../shared/data/healthbench_sample.jsonl)
+               (rise_nemo/data/samples/healthbench_sample.jsonl)
   rubrichub    RubricHub / verl rows: ``prompt`` [messages] + ``Rubrics`` or ``reward_model.rubrics``
                [{criterion, points, tags}] (``reward_model`` may be a JSON string), JSONL or parquet
   rar          Rubrics-as-Rewards rows: ``question`` (str), ``rubric`` [{description, title, weight}],
@@ -366,6 +366,8 @@ def read_records(
             continue
         seen[item.prompt_id] = where
         items.append(item)
+    if not items and not skipped:
+        raise RubricError(f"{path}: no records (the file is empty)")
     if skipped:
         log.warning("%s: skipped %d invalid record(s); first: %s", path, len(skipped), skipped[0].reason)
     log.info("loaded %d %s from %s", len(items), what, path)

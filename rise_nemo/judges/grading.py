@@ -1,7 +1,7 @@
 """Judge prompts, verdict JSON schemas and strict verdict parsing for the LLM rubric judge.
 
 Two grading modes produce the same verdicts (``True`` = the criterion's statement holds for the response;
-for a negative-points criterion that means the undesirable behaviour occurred, DESIGN.md §2):
+for a negative-points criterion that means the undesirable behaviour occurred, docs/DESIGN.md §2):
 
 - ``per_criterion``: one call per criterion, the HealthBench grader protocol; the judge replies
   ``{"explanation": str, "criteria_met": bool}``.

@@ -11,7 +11,7 @@ node that hosts the actor. The key is never put in a Ray ``runtime_env`` (Ray st
 control store and shows them in its dashboard).
 
 Ray must stay on loopback on our CI machines: set ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` before
-``ray.init`` (DESIGN.md §5). ``RayJudge`` never calls ``ray.init`` itself unless asked to.
+``ray.init`` (docs/DESIGN.md §5). ``RayJudge`` never calls ``ray.init`` itself unless asked to.
 """
 
 from __future__ import annotations

@@ -9,13 +9,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rise_nemo.core.rubric import RubricPrompt
+from rise_nemo.core.rubric import RubricError, RubricPrompt
 from rise_nemo.data.loaders import load_rubric_prompts
+from rise_nemo.errors import UserError
 
 
 def persistent_task(cfg: Any):
@@ -33,7 +35,20 @@ def warm_start_policy(cfg: Any, policy: Any, generator: Any, progress: bool = Tr
     from rise_nemo.data.persistent_task import warm_start
 
     return warm_start(policy, generator, persistent_task(cfg), _plain(cfg.data.warm_start),
-                      cache_dir=cfg.data.warm_start_cache, progress=progress)
+                      cache_dir=warm_start_cache_dir(cfg), progress=progress)
+
+
+def warm_start_cache_dir(cfg: Any) -> Path | None:
+    """``data.warm_start_cache``: ``auto`` -> ``rise_nemo.cache.cache_dir("warm_start")`` (``$RISE_NEMO_CACHE``,
+    default ``~/.cache/rise_nemo``), a path -> that folder, null -> never cache."""
+    value = cfg.data.warm_start_cache
+    if value is None:
+        return None
+    if str(value) == "auto":
+        from rise_nemo.cache import cache_dir
+
+        return cache_dir("warm_start")
+    return Path(str(value)).expanduser()
 
 
 def _plain(node: Any) -> dict[str, Any]:
@@ -62,8 +77,25 @@ def load_prompts(cfg: Any) -> tuple[list[RubricPrompt], list[RubricPrompt]]:
     if cfg.eval.max_prompts:
         held_out = held_out[: int(cfg.eval.max_prompts)]
     if not train:
-        raise ValueError(f"data.source={cfg.data.source}: no training prompts")
+        where = f" in {cfg.data.train_path}" if cfg.data.source == "jsonl" else ""
+        raise ValueError(f"data.source={cfg.data.source}: no training prompts{where}")
     return list(train), list(held_out)
+
+
+def load_prompts_checked(cfg: Any, env_sources: Mapping[str, str] | None = None):
+    """``load_prompts`` with every data problem as a one-line ``UserError``: a missing file names the
+    config key and, when an environment variable set it (``${oc.env:RISE_TRAIN_DATA,...}``), the variable."""
+    env_sources = env_sources or {}
+    for key in ("train_path", "eval_path"):
+        value = cfg.data.get(key) if cfg.data.source == "jsonl" else None
+        if value and not Path(str(value)).is_file():
+            var = env_sources.get(f"data.{key}")
+            how = f"set ${var} to the file" if var else f"set data.{key}"
+            raise UserError(f"config key 'data.{key}': file not found: {value} ({how})")
+    try:
+        return load_prompts(cfg)
+    except (RubricError, ValueError) as exc:
+        raise UserError(str(exc)) from None
 
 
 class PromptSampler:

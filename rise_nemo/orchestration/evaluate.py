@@ -27,6 +27,10 @@ from rise_nemo.interfaces import Generator, Judge, SamplingParams
 from rise_nemo.orchestration.step import STREAM_EVAL, derive_seed, judge_groups
 
 
+class EvaluationError(RuntimeError):
+    """An evaluation produced no judged response at all (nothing is written)."""
+
+
 def eval_sampling_params(cfg: Any, step: int) -> SamplingParams:
     return SamplingParams(
         max_new_tokens=int(cfg.eval.max_new_tokens or cfg.grpo.max_new_tokens),
@@ -45,6 +49,10 @@ def evaluate(
     with preserved_rng():  # evaluation must not change what training samples next (exact resume)
         groups = generator.generate([list(p.messages) for p in prompts], n, eval_sampling_params(cfg, step))
     verdicts = judge_groups(judge, prompts, groups)
+    if prompts and all(any(x is None for x in v) for group in verdicts for v in group):
+        # An evaluation of nulls says nothing and would read as a result: stop instead of writing it.
+        raise EvaluationError(f"evaluation at step {step}: the judge gave no complete verdict for any of "
+                              f"{sum(len(g) for g in groups)} responses (is the judge up? see train.log)")
     return summarize(prompts, groups, verdicts, step, tag=str(cfg.eval.persistent_tag),
                      clip_min=cfg.reward.clip_min)
 

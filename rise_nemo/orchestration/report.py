@@ -2,8 +2,9 @@
 
 Plots (one line per run): ``rewards.png`` natural (solid) vs privileged (dashed) mean reward;
 ``delta_r.png`` Delta_r (eq. 13) with the guidance switch marked; ``entropy.png`` policy entropy;
-``retention.png`` retained guided trajectories per step (eq. 8); ``eval.png`` guidance-free eval reward,
-persistent coverage and negative rate. ``report.md`` holds the final-eval table and a per-criterion
+``retention.png`` retained guided trajectories per step (eq. 8) against all privileged rollouts;
+``eval.png`` guidance-free eval reward, persistent coverage and negative rate (in %). Step axes are integer,
+each run's guidance switch is a dotted line on every plot, one legend per figure. ``report.md`` holds the final-eval table and a per-criterion
 coverage table across evaluations of every run (like the paper's Tables 12-13).
 """
 
@@ -84,29 +85,51 @@ def _series(run: RunData, key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def write_plots(runs: Sequence[RunData], out_dir: Path) -> list[Path]:
+def build_figures(runs: Sequence[RunData]) -> dict[str, Any]:
+    """The report's matplotlib figures by file name (not yet saved). Every figure: integer step axis,
+    labelled y axis, the guidance switch of each run as a dotted vertical line, exactly one legend;
+    rates (coverage, negative rate) in percent, as in the tables."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    out: list[Path] = []
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    figures: dict[str, Any] = {}
+
+    def finish(fig, axes, title: str | None = None) -> None:
+        for ax in axes:
+            ax.set_xlabel("step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+        for i, run in enumerate(runs):  # the guidance switch, on every plot over steps
+            if run.switch_step is not None:
+                for j, ax in enumerate(axes):
+                    ax.axvline(run.switch_step, color=colors[i % len(colors)], linestyle=":",
+                               label=f"{run.label} guidance removed @ {run.switch_step}" if j == 0 else None)
+        handles, labels = [], []
+        for ax in axes:
+            h, lab = ax.get_legend_handles_labels()
+            handles += h
+            labels += lab
+        if handles:  # one legend per figure
+            if len(axes) == 1:
+                axes[0].legend(handles, labels, fontsize=7)
+            else:
+                fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=min(3, len(labels)))
+        if title:
+            fig.suptitle(title, fontsize=10)
+        fig.tight_layout(rect=(0, 0.12 if len(axes) > 1 and handles else 0, 1, 1))
 
     def figure(name: str, title: str, ylabel: str, draw) -> None:
         fig, ax = plt.subplots(figsize=(7, 4))
         for i, run in enumerate(runs):
             draw(ax, run, colors[i % len(colors)])
         ax.set_title(title)
-        ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=110)
-        plt.close(fig)
-        out.append(out_dir / name)
+        finish(fig, [ax])
+        figures[name] = fig
 
     def rewards(ax, run, c):
         ax.plot(*_series(run, "reward/natural_mean"), color=c, label=f"{run.label} natural")
@@ -118,8 +141,14 @@ def write_plots(runs: Sequence[RunData], out_dir: Path) -> list[Path]:
         xs, ys = _series(run, "guidance/delta_r")
         if xs:
             ax.plot(xs, ys, color=c, marker=".", label=run.label)
-        if run.switch_step is not None:
-            ax.axvline(run.switch_step, color=c, linestyle=":", label=f"{run.label} switch @ {run.switch_step}")
+
+    def retention(ax, run, c):
+        xs, ys = _series(run, "guidance/privileged_rollouts")
+        if xs and any(ys):
+            ax.plot(xs, ys, color=c, linestyle="--", label=f"{run.label} privileged rollouts (total)")
+        xs, ys = _series(run, "guidance/retained")
+        if xs:
+            ax.plot(xs, ys, color=c, marker=".", label=f"{run.label} retained (A_ref > 0)")
 
     def single(key):
         def draw(ax, run, c):
@@ -128,31 +157,39 @@ def write_plots(runs: Sequence[RunData], out_dir: Path) -> list[Path]:
                 ax.plot(xs, ys, color=c, label=run.label)
         return draw
 
-    figure("rewards.png", "Mean rubric reward: natural (solid) vs privileged (dashed)", "reward", rewards)
-    figure("delta_r.png", "Delta_r = mean r_priv - mean r_nat (eq. 13), switch dotted", "Delta_r", delta_r)
-    figure("entropy.png", "Policy entropy (sampled-token estimate)", "nats / token", single("policy/entropy"))
-    figure("retention.png", "Retained guided trajectories per step (A_ref > 0, eq. 8)", "count",
-           single("guidance/retained"))
+    figure("rewards.png", "Mean rubric reward: natural (solid) vs privileged (dashed)", "mean reward (eq. 3)", rewards)
+    figure("delta_r.png", "Delta_r = mean r_priv - mean r_nat (eq. 13)", "Delta_r (reward)", delta_r)
+    figure("entropy.png", "Policy entropy (sampled-token estimate)", "entropy (nats / token)", single("policy/entropy"))
+    figure("retention.png", "Guided trajectories per step: retained (eq. 8) of all privileged rollouts",
+           "responses per step", retention)
 
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.2))
+    panels = (("reward_mean", "eval reward", "mean reward (eq. 3)", 1.0),
+              ("persistent_coverage", "persistent coverage", "coverage (%)", 100.0),
+              ("negative_rate", "negative-criterion rate", "rate (%)", 100.0))
     for i, run in enumerate(runs):
         c = colors[i % len(colors)]
-        steps = [e["step"] for e in run.evals]
-        for ax, key in zip(axes, ("reward_mean", "persistent_coverage", "negative_rate")):
-            ys = [e.get(key) for e in run.evals]
-            pts = [(s, y) for s, y in zip(steps, ys) if y is not None]
+        for ax, (key, _, _, scale) in zip(axes, panels):
+            pts = [(e["step"], e.get(key)) for e in run.evals if e.get(key) is not None]
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=c, marker="o", label=run.label)
-    for ax, title in zip(axes, ("eval reward", "persistent coverage", "negative-criterion rate")):
+                ax.plot([p[0] for p in pts], [scale * p[1] for p in pts], color=c, marker="o",
+                        label=run.label if key == "reward_mean" else None)
+    for ax, (_, title, ylabel, _) in zip(axes, panels):
         ax.set_title(f"guidance-free {title}", fontsize=9)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    if axes[0].get_legend_handles_labels()[0]:
-        axes[0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out_dir / "eval.png", dpi=110)
-    plt.close(fig)
-    out.append(out_dir / "eval.png")
+        ax.set_ylabel(ylabel)
+    finish(fig, list(axes))
+    figures["eval.png"] = fig
+    return figures
+
+
+def write_plots(runs: Sequence[RunData], out_dir: Path) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    out: list[Path] = []
+    for name, fig in build_figures(runs).items():
+        fig.savefig(out_dir / name, dpi=110)
+        plt.close(fig)
+        out.append(out_dir / name)
     return out
 
 
@@ -209,6 +246,9 @@ def markdown(runs: Sequence[RunData], plots: Sequence[Path]) -> str:
 def make_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None) -> Path:
     """Write plots and report.md for ``run_dirs`` into ``out_dir`` (default: <run>/report for one run,
     <common parent>/report otherwise). Returns the path of report.md."""
+    from rise_nemo.errors import require_extra
+
+    require_extra("report", "matplotlib", what="the report's plots")
     runs = [load_run(p) for p in run_dirs]
     if not runs:
         raise ValueError("make_report: no run directory given")

@@ -1,24 +1,103 @@
-"""Assemble a run from a validated recipe: backend, judge, prompts -> Trainer (used by the CLI and bench)."""
+"""Assemble a run from a validated recipe: backend, judge, prompts -> Trainer (used by the CLI and bench).
+
+``build_trainer`` checks everything a user can get wrong BEFORE the warm start or any model build, each
+failure a one-line ``UserError``: the run directory (not a file; not in use by another trainer — the
+lock is taken here and held by the Trainer; a resume only under the same config), the method's entry
+point, the data files, the backend's config block and extras, the judge's config, and every judge URL
+(probed, bounded). Only then are the backend built and a fresh run warm-started.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rise_nemo.backends import build_backend
-from rise_nemo.judges import build_judge
+from rise_nemo.errors import UserError, require_extra
 from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.data import load_prompts, warm_start_policy
+from rise_nemo.orchestration.data import load_prompts_checked, warm_start_policy
+from rise_nemo.orchestration.rundir import RunDirLock, check_resume, check_run_dir_path
 from rise_nemo.orchestration.trainer import Trainer, resolve_run_dir
 
 
-def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int | None = None) -> Trainer:
-    """Prompts, backend and judge for ``cfg``. A fresh run on the persistent task is warm-started first;
-    a run with a checkpoint skips that (the checkpoint holds the weights)."""
+def check_method(cfg: Any) -> None:
+    from rise_nemo.orchestration.step import MethodSpec
+
+    try:
+        MethodSpec.from_config(str(cfg.method))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def check_backend(cfg: Any) -> None:
+    """The backend's own config block and the extras it imports, without building anything."""
+    from rise_nemo.backends import require_backend_extras
+
+    require_backend_extras(str(cfg.backend))
+    if cfg.backend == "local":
+        from rise_nemo.backends.local.config import parse_local_config
+
+        try:
+            parse_local_config(cfg.local)
+        except ValueError as exc:
+            raise UserError(f"config block 'local': {exc}") from None
+
+
+def build_checked_judge(cfg: Any, probe: bool = True) -> Any:
+    """``build_judge`` with its config errors as one-line ``UserError``s; HTTP judges are probed."""
+    from rise_nemo.judges import build_judge
+    from rise_nemo.judges.client import JudgeError
+
+    judge_cfg = cfg.judge
+    kind = judge_cfg.get("type") if isinstance(judge_cfg, Mapping) else None
+    if kind == "http":
+        require_extra("judge", "aiohttp", what="the LLM judge (judge.type: http)")
+        if judge_cfg.get("ray_actor"):
+            require_extra("judge", "ray", what="the judge's Ray actor (judge.ray_actor: true)")
+    try:
+        if kind == "http":  # validate the block and the key's variable, then probe, before any actor starts
+            from rise_nemo.judges.http import HttpJudgeConfig
+
+            HttpJudgeConfig.from_mapping(judge_cfg).api_key()
+            if probe:
+                from rise_nemo.judges.probe import probe_judge_urls
+
+                probe_judge_urls(judge_cfg)
+        return build_judge(judge_cfg)
+    except (ValueError, JudgeError) as exc:
+        if isinstance(exc, UserError):
+            raise
+        message = str(exc)
+        raise UserError(message if "judge" in message else f"config block 'judge': {message}") from None
+
+
+def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int | None = None,
+                  allow_config_change: bool = False, env_sources: Mapping[str, str] | None = None) -> Trainer:
+    """Checks (module docstring), then prompts, judge, backend and warm start -> a Trainer holding the
+    run directory's lock. ``env_sources`` (dotted key -> environment variable, from ``load_config``)
+    lets a missing data file name the variable that set its path."""
     run_dir = Path(run_dir) if run_dir is not None else resolve_run_dir(cfg)
-    train_prompts, eval_prompts = load_prompts(cfg)
-    policy, generator = build_backend(cfg)
-    if ckpt.latest_checkpoint(run_dir) is None:
-        warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
-    judge = build_judge(cfg.judge)
-    return Trainer(cfg, policy, generator, judge, train_prompts, eval_prompts, run_dir=run_dir, stop_after=stop_after)
+    if stop_after is not None and stop_after < 1:
+        raise UserError(f"--stop-after must be >= 1, got {stop_after}")
+    check_run_dir_path(run_dir)
+    existed = run_dir.exists()
+    lock = RunDirLock(run_dir).acquire()
+    try:
+        changes = check_resume(run_dir, cfg, allow_config_change)
+        check_method(cfg)
+        train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
+        check_backend(cfg)
+        judge = build_checked_judge(cfg)
+        from rise_nemo.backends import build_backend
+
+        policy, generator = build_backend(cfg)
+        if ckpt.latest_checkpoint(run_dir) is None:
+            warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
+    except BaseException:
+        lock.release()
+        if not existed and run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [".lock"]:
+            (run_dir / ".lock").unlink()
+            run_dir.rmdir()  # a refused run leaves nothing behind
+        raise
+    return Trainer(cfg, policy, generator, judge, train_prompts, eval_prompts, run_dir=run_dir,
+                   stop_after=stop_after, lock=lock, config_changes=changes)

@@ -1,4 +1,4 @@
-"""One training step of RISE-RL and of its baselines (DESIGN.md §2), written against rise_nemo.interfaces.
+"""One training step of RISE-RL and of its baselines (docs/DESIGN.md §2), written against rise_nemo.interfaces.
 
 ``train_step`` reads top to bottom; every stage is a named function below it. Which method runs is
 configuration only (``MethodSpec.from_config``):
@@ -95,6 +95,8 @@ class StepContext:
     spec: MethodSpec
     total_steps: int
     pad_id: int = 0
+    samples_per_step: int = 0  # rollouts per kind recorded in ``last_samples`` (samples.jsonl); 0 = none
+    last_samples: list[dict[str, Any]] = field(default_factory=list)
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
 
     def original_prompt_ids(self, prompt: RubricPrompt) -> list[int]:
@@ -128,6 +130,7 @@ class TrainSample:
     # True only when the response was sampled under prompt_ids itself: only then may its sampler log-probs
     # serve as the PPO reference (core.logprobs.ppo_reference_logprobs).
     sampled_under_train_prompt: bool
+    source: tuple[bool, int, int] | None = None  # (privileged?, group row, index in group): samples.jsonl
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -161,6 +164,10 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
             guided, guide_stats = guided_samples(ctx, prompts, nat, priv, targets)  # eqs. 7-8
             samples += guided
 
+    if ctx.samples_per_step:
+        from rise_nemo.orchestration.samples import sample_records
+
+        ctx.last_samples = sample_records(step, prompts, nat, priv, targets, samples, ctx.samples_per_step)
     batch = build_batch(samples, ctx.pad_id)
     batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
     train_metrics = ctx.policy.train(batch, make_loss_fn(ctx, lam))  # eq. 12, ONE call for both kinds
@@ -289,7 +296,8 @@ def natural_samples(
                 continue
             prompt_ids = ctx.original_prompt_ids(prompt) if ctx.spec.ruscarl else list(r.prompt_token_ids)
             out.append(TrainSample(prompt_ids, list(r.response_token_ids), KIND_NATURAL, float(adv[i, j]),
-                                   list(r.sampling_logprobs), sampled_under_train_prompt=not ctx.spec.ruscarl))
+                                   list(r.sampling_logprobs), sampled_under_train_prompt=not ctx.spec.ruscarl,
+                                   source=(False, i, j)))
     return out
 
 
@@ -306,7 +314,7 @@ def guided_samples(
                 # Sampling log-probs were taken under the hinted prompt: meaningless under the original one.
                 out.append(TrainSample(ctx.original_prompt_ids(prompts[i]), list(r.response_token_ids),
                                        KIND_GUIDED, float(a_ref[t, j]), [0.0] * len(r.response_token_ids),
-                                       sampled_under_train_prompt=False))
+                                       sampled_under_train_prompt=False, source=(True, t, j)))
     valid_refs = a_ref[priv.valid]
     stats = {
         "guidance/retained": len(out),
@@ -335,7 +343,7 @@ def coupled_samples(
             if bool(priv.valid[t, j]):
                 samples.append(TrainSample(ctx.original_prompt_ids(prompts[i]), list(r.response_token_ids),
                                            KIND_NATURAL, float(adv_p[t, j]), [0.0] * len(r.response_token_ids),
-                                           sampled_under_train_prompt=False))
+                                           sampled_under_train_prompt=False, source=(True, t, j)))
     return samples, {"guidance/retained": int(priv.valid.sum()), "guidance/retained_frac": 1.0}
 
 
@@ -415,8 +423,9 @@ def step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_
     }
     metrics.update(guide_stats)
     metrics.update({k: _finite(float(v)) for k, v in train_metrics.items()})
-    if ctx.spec.guidance:
-        metrics["guidance/switch_reason"] = getattr(ctx.schedule, "switch_reason", None)
+    if ctx.spec.guidance:  # only once guidance has actually been removed (never for a run that did not switch)
+        switched = not bool(ctx.schedule.active)
+        metrics["guidance/switch_reason"] = getattr(ctx.schedule, "switch_reason", None) if switched else None
     metrics["time/step_s"] = t_end - t_start
     metrics["time/natural_s"] = t_natural - t_start
     metrics["time/privileged_s"] = t_priv - t_natural

@@ -2,8 +2,10 @@
 
 Run directory (docs/CONTRACTS.md)::
 
-    config.yaml        resolved recipe, secrets redacted
-    metrics.jsonl      one JSON object per step (see step.step_metrics for the keys)
+    .lock              held (flock) while a trainer runs here: a second trainer is refused (rundir.py)
+    config.yaml        resolved recipe, secrets redacted; config_history/ keeps replaced versions
+    metrics.jsonl      one JSON object per step (see step.step_metrics for the keys) + judge/* counters
+    samples.jsonl      a few rollouts per step: prompt, hinted?, response, verdicts, reward, advantage, kind
     train.log          human-readable log: start, resume (step, SLURM_RESTART_COUNT), evals, signals
     checkpoints/       step_XXXXXX/ + latest (see checkpoint.py)
     eval/step_XXXXXX.json   guidance-free evaluations
@@ -28,20 +30,30 @@ from typing import Any
 import numpy as np
 import torch
 
-from rise_nemo.config import to_yaml
 from rise_nemo.core.rubric import RubricPrompt
 from rise_nemo.core.schedule import GuidanceSchedule
 from rise_nemo.interfaces import Generator, Judge, Policy
 from rise_nemo.orchestration import checkpoint as ckpt
 from rise_nemo.orchestration.data import PromptSampler
 from rise_nemo.orchestration.evaluate import evaluate
+from rise_nemo.orchestration.rundir import RunDirLock, write_config
 from rise_nemo.orchestration.signals import StopFlag
 from rise_nemo.orchestration.step import MethodSpec, StepContext, train_step
 
 log = logging.getLogger("rise_nemo.train")
 
-# Keys whose values depend on wall-clock time; everything else in metrics.jsonl is reproducible.
+# Keys whose values depend on the process, not on the run: wall-clock times, and the judge's counters
+# (``judge/calls``, ``judge/cache_hits``, ...: cumulative since this process started, so they restart at a
+# resume). Everything else in metrics.jsonl, ``judge/unknown_excluded`` included, is reproducible.
 TIMING_PREFIX = "time/"
+JUDGE_COUNTER_PREFIX = "judge/"
+STEP_JUDGE_KEYS = ("judge/unknown_excluded",)
+
+
+def reproducible_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` without the process-dependent keys (what a resumed run reproduces exactly)."""
+    return {k: v for k, v in metrics.items() if not k.startswith(TIMING_PREFIX)
+            and (not k.startswith(JUDGE_COUNTER_PREFIX) or k in STEP_JUDGE_KEYS)}
 PROGRESS_KEYS = (("reward/natural_mean", "r_nat"), ("reward/privileged_mean", "r_priv"),
                  ("guidance/delta_r", "dr"), ("guidance/lambda", "lam"), ("guidance/retained", "kept"))
 
@@ -71,8 +83,12 @@ class Trainer:
         eval_prompts: Sequence[RubricPrompt],
         run_dir: str | Path | None = None,
         stop_after: int | None = None,
+        lock: RunDirLock | None = None,
+        config_changes: Sequence[tuple[str, Any, Any]] = (),
     ):
-        """``stop_after``: behave as if a stop signal arrived during that step (tests, bounded sessions)."""
+        """``stop_after``: behave as if a stop signal arrived during that step (tests, bounded sessions).
+        ``lock``: the run directory's lock if the caller already holds it (``build_trainer``); released at
+        the end of ``run``. ``config_changes``: accepted differences from the run's earlier config (logged)."""
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir is not None else resolve_run_dir(cfg)
         self.policy, self.generator, self.judge = policy, generator, judge
@@ -83,8 +99,10 @@ class Trainer:
         self.ctx = StepContext(
             cfg=cfg, policy=policy, generator=generator, judge=judge, schedule=make_schedule(cfg),
             rng=random.Random(int(cfg.run.seed)), spec=MethodSpec.from_config(str(cfg.method)),
-            total_steps=self.steps, pad_id=_pad_id(generator),
+            total_steps=self.steps, pad_id=_pad_id(generator), samples_per_step=int(cfg.train.log_samples),
         )
+        self.lock = lock
+        self.config_changes = list(config_changes)
         self.step = 0
         self.stop_after = stop_after
         self.stopped_by: str | None = None
@@ -93,12 +111,18 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------------
     def run(self) -> int:
         """Train to ``train.steps`` (resuming if a checkpoint exists). Returns 0, also after a signal."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        lock = self.lock or RunDirLock(self.run_dir)
+        lock.acquire()  # no-op when build_trainer already holds it
         handler = self._attach_log_file()
         try:
-            self._write_config()
             seed_everything(int(self.cfg.run.seed))
             self.resume()
+            self._write_config()
+            log.info("start: method %s, backend %s, seed %s, steps %d -> %d, run directory %s%s",
+                     self.cfg.method, self.cfg.backend, self.cfg.run.seed, self.step, self.steps,
+                     self.run_dir.resolve(), " (resumed)" if self.step else "")
+            for key, old, new in self.config_changes:
+                log.info("config change from step %d: %s: %r -> %r", self.step + 1, key, old, new)
             self._open_sinks()
             with StopFlag() as stop, self._progress() as bar:
                 if self.step == 0 and self.cfg.eval.at_start and self.eval_prompts:
@@ -128,6 +152,7 @@ class Trainer:
             self._close_sinks()
             logging.getLogger("rise_nemo").removeHandler(handler)
             handler.close()
+            lock.release()
 
     # ------------------------------------------------------------------------------------------------------
     # Checkpoints
@@ -158,6 +183,7 @@ class Trainer:
         path = ckpt.latest_checkpoint(self.run_dir)
         if path is None:
             truncate_metrics(self.run_dir / "metrics.jsonl", 0)
+            truncate_metrics(self.run_dir / "samples.jsonl", 0)
             return 0
         state = ckpt.load_checkpoint(path, self.policy)
         if state.get("method") not in (None, str(self.cfg.method)):
@@ -173,6 +199,7 @@ class Trainer:
         self.sampler.load_state_dict(state["data"])
         self.ctx.schedule.load_state_dict(state["schedule"])
         dropped = truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
+        truncate_metrics(self.run_dir / "samples.jsonl", self.step)
         restarts = os.environ.get("SLURM_RESTART_COUNT")
         log.info("resumed from %s at step %d (dropped %d metrics lines after it)%s", path, self.step, dropped,
                  f"; SLURM_RESTART_COUNT={restarts}" if restarts is not None else "")
@@ -196,17 +223,22 @@ class Trainer:
         tmp = out.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(result, indent=1))
         os.replace(tmp, out)
-        log.info("eval step %d: reward %.4f, persistent coverage %s, negative rate %s", step,
-                 result["reward_mean"] or float("nan"), _fmt(result["persistent_coverage"]),
+        log.info("eval step %d: reward %s, persistent coverage %s, negative rate %s", step,
+                 _fmt(result["reward_mean"]), _fmt(result["persistent_coverage"]),
                  _fmt(result["negative_rate"]))
         for sink in self._sinks:
             sink.log({f"eval/{k}": v for k, v in result.items() if isinstance(v, int | float)}, step)
         return result
 
     def _log_metrics(self, metrics: dict[str, Any], bar: Any) -> None:
+        metrics.update(judge_counters(self.judge))
         with open(self.run_dir / "metrics.jsonl", "a") as fh:
             fh.write(json.dumps(metrics) + "\n")
             fh.flush()
+        if self.ctx.last_samples:
+            with open(self.run_dir / "samples.jsonl", "a") as fh:
+                fh.write("".join(json.dumps(r) + "\n" for r in self.ctx.last_samples))
+            self.ctx.last_samples = []
         for sink in self._sinks:
             sink.log({k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)},
                      metrics["step"])
@@ -241,15 +273,18 @@ class Trainer:
         return handler
 
     def _write_config(self) -> None:
-        (self.run_dir / "config.yaml").write_text(to_yaml(self.cfg))
+        write_config(self.run_dir, self.cfg, self.step)
 
     def _write_summary(self) -> None:
         evals = sorted((self.run_dir / "eval").glob("step_*.json")) if (self.run_dir / "eval").is_dir() else []
         last = json.loads(evals[-1].read_text()) if evals else None
+        switch_step = getattr(self.ctx.schedule, "switch_step", None)
+        switched = self.ctx.spec.guidance and switch_step is not None and self.step >= switch_step
         summary = {
             "method": str(self.cfg.method), "seed": int(self.cfg.run.seed), "steps": self.step,
-            "switch_reason": getattr(self.ctx.schedule, "switch_reason", None),
-            "switch_step": getattr(self.ctx.schedule, "switch_step", None),
+            # Only a guidance switch that happened is reported (a fixed schedule past the last step is not).
+            "switch_reason": getattr(self.ctx.schedule, "switch_reason", None) if switched else None,
+            "switch_step": switch_step if switched else None,
             "final_eval": {k: v for k, v in (last or {}).items() if k not in ("criteria", "samples")},
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -265,6 +300,20 @@ def _pad_id(generator: Any) -> int:
         if isinstance(pad, int):
             return pad
     return 0
+
+
+def judge_counters(judge: Any) -> dict[str, float]:
+    """The judge's cumulative counters (calls, cache hits, retries, timeouts, failures, ...) as
+    ``judge/<name>`` floats for metrics.jsonl; {} for a judge without counters."""
+    metrics = getattr(judge, "metrics", None)
+    if callable(metrics):
+        return dict(metrics())
+    stats = getattr(judge, "stats", None)
+    if stats is None:
+        return {}
+    from rise_nemo.judges.stats import stats_to_metrics
+
+    return stats_to_metrics(stats)
 
 
 def seed_everything(seed: int) -> None:

@@ -20,10 +20,10 @@ def write(path: Path, data) -> Path:
 
 
 def test_defaults_chain_is_relative_and_ordered(tmp_path):
-    write(tmp_path / "shared" / "base.yaml", {"run": {"name": "base", "seed": 1}, "grpo": {"group_size": 4}})
-    write(tmp_path / "shared" / "more.yaml", {"defaults": "base.yaml", "grpo": {"max_new_tokens": 9}})
+    write(tmp_path / "common" / "base.yaml", {"run": {"name": "base", "seed": 1}, "grpo": {"group_size": 4}})
+    write(tmp_path / "common" / "more.yaml", {"defaults": "base.yaml", "grpo": {"max_new_tokens": 9}})
     child = write(tmp_path / "recipes" / "child.yaml",
-                  {"defaults": ["../shared/more.yaml"], "run": {"name": "child"}, "method": "rubric_rl"})
+                  {"defaults": ["../common/more.yaml"], "run": {"name": "child"}, "method": "rubric_rl"})
     cfg = load_config(child)
     assert cfg.run.name == "child" and cfg.run.seed == 1  # child overrides, base fills in
     assert cfg.grpo.group_size == 4 and cfg.grpo.max_new_tokens == 9

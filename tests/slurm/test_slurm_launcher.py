@@ -48,34 +48,44 @@ def test_sbatch_directives_for_requeue_and_time_limit(script):
     assert text.rstrip().endswith('exec bash "${RISE_SBATCH_SCRIPT%/*}/launch.sh" "$@"')  # one shared launcher
 
 
-def test_dry_run_rise_14b_on_four_nodes_lists_roles_and_commands():
-    res = dry_run("rise_14b.sh", "--nodes", "4", "train.steps=7")
+def test_dry_run_rise_14b_on_three_nodes_lists_roles_and_commands():
+    res = dry_run("rise_14b.sh", "--nodes", "3", "train.steps=7")
     assert res.returncode == 0, res.stderr
     out = res.stdout
     roles = dict(re.findall(r"node \d (node-\d) \S+: (.+)$", out, re.M))
-    assert roles == {"node-0": "ray-head+driver", "node-1": "ray-worker", "node-2": "ray-worker",
-                     "node-3": "judge(Qwen/Qwen3-32B TP=4)"}, out
+    assert roles == {"node-0": "ray-head+driver", "node-1": "ray-worker",
+                     "node-2": "judge(Qwen/Qwen3-32B TP=4)"}, out
     assert len(re.findall(r"\[dry-run\] ray-head@node-0: srun .* start --head --node-ip-address=", out)) == 1
     workers = re.findall(r"\[dry-run\] ray-worker-(\d)@(node-\d): srun .* start --address=\\<ip-of-node-0\\>:6379", out)
-    assert workers == [("1", "node-1"), ("2", "node-2")], out
-    assert "until 3 alive Ray nodes" in out
+    assert workers == [("1", "node-1")], out
+    assert "until 2 alive Ray nodes" in out
     # 8 GPUs / TP 4 = 2 judge replicas on the last node, on their own GPU slices and ports below 32768,
     # bound to the node's cluster address.
-    judges = re.findall(r"\[dry-run\] judge-(\d)@node-3: srun .*HOST=\\<ip-of-node-3\\>\\ PORT=(\d+).*"
+    judges = re.findall(r"\[dry-run\] judge-(\d)@node-2: srun .*HOST=\\<ip-of-node-2\\>\\ PORT=(\d+).*"
                         r"CUDA_VISIBLE_DEVICES=([\d\\,]+).*vllm\\ serve.*--max-model-len", out)
     assert [(r, p, g.replace("\\", "")) for r, p, g in judges] == [("0", "8000", "0,1,2,3"), ("1", "8001", "4,5,6,7")], out
     assert out.count("health-check: curl") == 2
-    urls = '["http://<ip-of-node-3>:8000/v1","http://<ip-of-node-3>:8001/v1"]'
+    urls = '["http://<ip-of-node-2>:8000/v1","http://<ip-of-node-2>:8001/v1"]'
     assert f"RISE_JUDGE_URLS={urls} RISE_JUDGE_MODEL=Qwen/Qwen3-32B" in out
     driver = [line for line in out.splitlines() if line.startswith("[dry-run] driver@node-0:")]
     assert len(driver) == 1
     assert "-m rise_nemo.cli train --config recipes/rise_14b.yaml run.dir=" in driver[0]
     # The trainer is told the allocation's training nodes and exactly the judge that was started.
-    assert "nemo.cluster.num_nodes=3 " in driver[0] and "judge.model=Qwen/Qwen3-32B" in driver[0]
+    assert "nemo.cluster.num_nodes=2 " in driver[0] and "judge.model=Qwen/Qwen3-32B" in driver[0]
     assert driver[0].count("train.steps=7") == 1
     assert "dry run: nothing was started" in out
     # Nothing started, nothing written.
     assert not (REPO_ROOT / "runs" / "rise_14b-dryrun").exists()
+
+
+def test_dry_run_refuses_a_layout_the_planner_rejects():
+    """4 nodes = 3 training nodes = DP 3 for rise_14b: 512 rows per step do not split. The planner runs in
+    the dry run (and before a real launch starts any step) and refuses it, naming the recipe keys."""
+    res = dry_run("rise_14b.sh", "--nodes", "4")
+    assert res.returncode == 2, res.stdout
+    assert "rise-nemo plan refuses recipes/rise_14b.yaml with 3 training node(s)" in res.stderr
+    assert "grpo.prompts_per_step" in res.stderr and "DP 3" in res.stderr
+    assert "[dry-run]" not in res.stdout  # nothing printed as if it would start
 
 
 def test_sbatch_scripts_match_their_recipes_plan():

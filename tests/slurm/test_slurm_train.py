@@ -21,7 +21,7 @@ from slurm_cluster import REPO_ROOT, port_below_ephemeral
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 # Keep each job short on the 2-core CI machine: no evaluation before the end, small batches. Every job
-# has the same configuration, so the warm-started model (cached under .cache/warm_start; the key changes
+# has the same configuration, so the warm-started model (cached under $RISE_NEMO_CACHE/warm_start; the key changes
 # with the training config, e.g. train.steps) is built once per machine, not once per test (~55 s each).
 # Checkpoints only at the end and on a signal: a resume mid-run must come from the signal's checkpoint.
 STEPS = 8

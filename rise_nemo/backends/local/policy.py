@@ -177,6 +177,9 @@ class LocalPolicy:
             )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        c = self.engine.cfg  # moments come from the checkpoint, hyper-parameters from the config in force
+        for group in self.optimizer.param_groups:
+            group.update(lr=c.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay)
         self.engine.rng.set_state(state["rng"].cpu())
         self.train_steps = int(state.get("train_steps", 0))
 

@@ -1,0 +1,49 @@
+"""What a step trained on, for ``samples.jsonl`` (like TRL's completion logging / nano-aha-moment's episode
+dumps): per recorded rollout the step, prompt id, whether it was sampled under a hint (privileged, eq. 6),
+the response, its per-criterion verdicts on the ORIGINAL rubric, reward (eq. 3), the advantage it was
+trained with (eq. 1 natural, A_ref of eq. 7 guided; null when it was not trained on: an unknown verdict,
+or a privileged response with A_ref <= 0, eq. 8) and its kind (0 natural, 1 guided).
+
+At most ``cap`` natural and ``cap`` privileged rollouts per step (the first prompts of the batch, in
+order), so the file stays small on long runs (``train.log_samples``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def _verdict(v: Any) -> bool | None:
+    return None if v is None else bool(v)
+
+
+def sample_records(step: int, prompts: Sequence[Any], nat: Any, priv: Any, targets: Sequence[int],
+                   samples: Sequence[Any], cap: int) -> list[dict[str, Any]]:
+    trained = {s.source: s for s in samples if s.source is not None}
+    records: list[dict[str, Any]] = []
+
+    def add(scored: Any, privileged: bool, rows: Sequence[tuple[int, int]]) -> None:
+        n = 0
+        for row, prompt_index in rows:
+            for j, rollout in enumerate(scored.rollouts[row]):
+                if n >= cap:
+                    return
+                sample = trained.get((privileged, row, j))
+                valid = bool(scored.valid[row, j])
+                records.append({
+                    "step": step,
+                    "prompt_id": prompts[prompt_index].prompt_id,
+                    "hinted": privileged,
+                    "response": rollout.response_text,
+                    "verdicts": [_verdict(v) for v in scored.verdicts[row][j]],
+                    "reward": float(scored.rewards[row, j]) if valid else None,
+                    "advantage": None if sample is None else float(sample.advantage),
+                    "kind": None if sample is None else int(sample.kind),
+                })
+                n += 1
+
+    add(nat, False, [(i, i) for i in range(len(prompts))])
+    if priv is not None:
+        add(priv, True, list(enumerate(targets)))
+    return records
