@@ -48,34 +48,62 @@ def test_sbatch_directives_for_requeue_and_time_limit(script):
     assert text.rstrip().endswith('exec bash "${RISE_SBATCH_SCRIPT%/*}/launch.sh" "$@"')  # one shared launcher
 
 
-def test_dry_run_rise_14b_on_four_nodes_lists_roles_and_commands():
-    res = dry_run("rise_14b.sh", "--nodes", "4", "train.steps=7")
+def test_dry_run_rise_14b_on_three_nodes_lists_roles_and_commands():
+    res = dry_run("rise_14b.sh", "--nodes", "3", "train.steps=7")
     assert res.returncode == 0, res.stderr
     out = res.stdout
+    assert "planner: recipes/rise_14b.yaml on 3 node(s): OK: layout valid" in out
     roles = dict(re.findall(r"node \d (node-\d) \S+: (.+)$", out, re.M))
-    assert roles == {"node-0": "ray-head+driver", "node-1": "ray-worker", "node-2": "ray-worker",
-                     "node-3": "judge(Qwen/Qwen3-32B TP=4)"}, out
+    assert roles == {"node-0": "ray-head+driver", "node-1": "ray-worker", "node-2": "judge(Qwen/Qwen3-32B TP=4)"}, out
     assert len(re.findall(r"\[dry-run\] ray-head@node-0: srun .* start --head --node-ip-address=", out)) == 1
     workers = re.findall(r"\[dry-run\] ray-worker-(\d)@(node-\d): srun .* start --address=\\<ip-of-node-0\\>:6379", out)
-    assert workers == [("1", "node-1"), ("2", "node-2")], out
-    assert "until 3 alive Ray nodes" in out
+    assert workers == [("1", "node-1")], out
+    assert "until 2 alive Ray nodes" in out
     # 8 GPUs / TP 4 = 2 judge replicas on the last node, on their own GPU slices and ports below 32768,
     # bound to the node's cluster address.
-    judges = re.findall(r"\[dry-run\] judge-(\d)@node-3: srun .*HOST=\\<ip-of-node-3\\>\\ PORT=(\d+).*"
+    judges = re.findall(r"\[dry-run\] judge-(\d)@node-2: srun .*HOST=\\<ip-of-node-2\\>\\ PORT=(\d+).*"
                         r"CUDA_VISIBLE_DEVICES=([\d\\,]+).*vllm\\ serve.*--max-model-len", out)
     assert [(r, p, g.replace("\\", "")) for r, p, g in judges] == [("0", "8000", "0,1,2,3"), ("1", "8001", "4,5,6,7")], out
     assert out.count("health-check: curl") == 2
-    urls = '["http://<ip-of-node-3>:8000/v1","http://<ip-of-node-3>:8001/v1"]'
+    urls = '["http://<ip-of-node-2>:8000/v1","http://<ip-of-node-2>:8001/v1"]'
     assert f"RISE_JUDGE_URLS={urls} RISE_JUDGE_MODEL=Qwen/Qwen3-32B" in out
     driver = [line for line in out.splitlines() if line.startswith("[dry-run] driver@node-0:")]
     assert len(driver) == 1
     assert "-m rise_nemo.cli train --config recipes/rise_14b.yaml run.dir=" in driver[0]
     # The trainer is told the allocation's training nodes and exactly the judge that was started.
-    assert "nemo.cluster.num_nodes=3 " in driver[0] and "judge.model=Qwen/Qwen3-32B" in driver[0]
+    assert "nemo.cluster.num_nodes=2 " in driver[0] and "judge.model=Qwen/Qwen3-32B" in driver[0]
     assert driver[0].count("train.steps=7") == 1
     assert "dry run: nothing was started" in out
     # Nothing started, nothing written.
     assert not (REPO_ROOT / "runs" / "rise_14b-dryrun").exists()
+
+
+def test_dry_run_refuses_a_layout_the_planner_rejects():
+    """rise_14b on 4 nodes: 3 training nodes give DP 3, which does not divide the batch of 512."""
+    res = dry_run("rise_14b.sh", "--nodes", "4")
+    assert res.returncode == 2, res.stdout
+    assert "512 is not a multiple of DP 3" in res.stderr
+    assert "rise-nemo plan rejects recipes/rise_14b.yaml on 4 node(s)" in res.stderr
+    assert "[dry-run]" not in res.stdout  # refused before any role or command is laid out
+    # The user's overrides reach the planner: a batch DP 3 divides makes the same allocation valid.
+    res = dry_run("rise_14b.sh", "--nodes", "4", "grpo.prompts_per_step=48", "nemo.policy.train_global_batch_size=384")
+    assert res.returncode == 0 and "on 4 node(s): OK: layout valid" in res.stdout, res.stderr
+    res = dry_run("rise_14b.sh", "--nodes", "4", env={"RISE_PLAN_CHECK": "0"})
+    assert res.returncode == 0 and "planner check skipped (RISE_PLAN_CHECK=0)" in res.stdout, res.stderr
+    res = dry_run("rise_tiny_cpu.sh")  # local backend: no parallel layout
+    assert res.returncode == 0 and "not a NeMo-RL recipe: no parallel layout to check" in res.stdout, res.stderr
+
+
+def test_dry_run_judge_server_rule_serves_the_rule_grader_bound_to_the_node():
+    res = dry_run("rise_14b.sh", env={"RISE_JUDGE_SERVER": "rule"})
+    assert res.returncode == 0, res.stderr
+    judges = [line for line in res.stdout.splitlines() if line.startswith("[dry-run] judge-")]
+    assert len(judges) == 2 and all("vllm" not in line for line in judges), judges
+    for line in judges:
+        assert '-m rise_nemo.judges.rule_server --host "$HOST" --port "$PORT"' in line.replace("\\", ""), line
+        assert "HOST=<ip-of-node-1> " in line.replace("\\", "")
+    res = dry_run("rise_14b.sh", env={"RISE_JUDGE_SERVER": "sglang"})
+    assert res.returncode == 2 and "RISE_JUDGE_SERVER must be vllm or rule (got 'sglang')" in res.stderr
 
 
 def test_sbatch_scripts_match_their_recipes_plan():
@@ -126,7 +154,8 @@ def test_dry_run_refuses_an_allocation_without_room_for_training():
 def test_dry_run_under_sbatch_starts_nothing(slurm, tmp_path):
     # rise_14b.sh on the one-node test cluster: no judge node, GPUs overridden (the node has none);
     # --nodes has no SBATCH_ variable, so it goes on the command line.
-    env = {"RISE_DRY_RUN": "1", "RISE_JUDGE_NODES": "0", "SBATCH_GPUS_PER_NODE": "0",
+    # The planner would refuse rise_14b on one node (it needs a judge node): not what this test is about.
+    env = {"RISE_DRY_RUN": "1", "RISE_JUDGE_NODES": "0", "SBATCH_GPUS_PER_NODE": "0", "RISE_PLAN_CHECK": "0",
            "RISE_RUN_DIR": str(tmp_path / "run")}
     job_id = slurm.sbatch("slurm/rise_14b.sh", sbatch_args=("--nodes=1", "-o", str(tmp_path / "out.log")), env=env)
     job = slurm.wait(job_id, timeout=60)
