@@ -306,6 +306,9 @@ start_ray() {
     "$RISE_RAY_BIN" start --head --node-ip-address="$head_ip" --port="$RISE_RAY_PORT" \
     --include-dashboard="$RAY_INCLUDE_DASHBOARD" --dashboard-host="$head_ip" --dashboard-port="$RAY_DASHBOARD_PORT" \
     --ray-client-server-port="$RAY_CLIENT_SERVER_PORT" "${RAY_ARGS[@]}"
+  # Workers join a head that is up (as NeMo-RL's ray.sub does): a worker whose raylet cannot register
+  # within Ray's fixed 30 s, because the head's GCS is still starting on a busy node, exits.
+  ((N_TRAIN > 1)) && wait_for_ray 1
   for ((i = 1; i < N_TRAIN; i++)); do
     node=${TRAIN_NODES[$i]}
     start_step "ray-worker-$i" "$node" "ray-worker-$i" "$LOG_DIR/ray-worker-$i.log" \
@@ -320,13 +323,14 @@ all_steps_alive() {
   done
 }
 
-# Waits until N_TRAIN Ray nodes are alive, asking the head with a small Python probe.
+# wait_for_ray N: waits until N Ray nodes are alive, asking the head with a small Python probe.
 wait_for_ray() {
+  local want=$1
   # Prints the number of alive nodes and their addresses (which node joined from where).
   local probe="import ray; ray.init(address='$RAY_ADDRESS', logging_level='ERROR'); a = sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']); print(len(a), *a)"
   srun_prefix "${TRAIN_NODES[0]}" ray-head
   if is_dry; then
-    echo "[dry-run] wait-ray@${TRAIN_NODES[0]}: until $N_TRAIN alive Ray nodes (timeout ${RISE_RAY_TIMEOUT}s): $(quote_cmd "${SRUN[@]}" "$RISE_PYTHON" -c "$probe")"
+    echo "[dry-run] wait-ray@${TRAIN_NODES[0]}: until $want alive Ray node(s) (timeout ${RISE_RAY_TIMEOUT}s): $(quote_cmd "${SRUN[@]}" "$RISE_PYTHON" -c "$probe")"
     return
   fi
   local start=$SECONDS reply alive delay=2
@@ -336,8 +340,8 @@ wait_for_ray() {
     reply=$(timeout "$RISE_RAY_PROBE_TIMEOUT" "${SRUN[@]}" "$RISE_PYTHON" -c "$probe" 2>>"$LOG_DIR/ray-probe.log" | tail -1)
     alive=${reply%% *}
     [[ $alive =~ ^[0-9]+$ ]] || alive=0
-    log "Ray nodes alive: $alive/$N_TRAIN${reply#"$alive"}"
-    [[ ${alive:-0} == "$N_TRAIN" ]] && return 0
+    log "Ray nodes alive: $alive/$want${reply#"$alive"}"
+    ((alive >= want)) && return 0
     all_steps_alive || die_run "a Ray step died during start-up; see $LOG_DIR/ray-*.log"
     ((SECONDS - start > RISE_RAY_TIMEOUT)) && die_run "Ray cluster not up after ${RISE_RAY_TIMEOUT}s; see $LOG_DIR/ray-*.log"
     sleep "$delay"
@@ -494,10 +498,16 @@ run_driver() {
   RISE_TEACHER_URL=${RISE_TEACHER_URL%%[],]*}
   RISE_TEACHER_URL=${RISE_TEACHER_URL//\"/}
   driver_command
-  srun_prefix "$head" ray-head
+  # Host mode: the driver runs in the batch step itself (the batch script runs on node 0). Under srun it
+  # could not checkpoint on `scontrol requeue` or preemption: Slurm's SIGTERM reaches every process of the
+  # batch step, the driver's srun client included, and srun answers SIGTERM by sending SIGKILL to its
+  # step. In container mode the driver needs its srun step (pyxis); there the USR1 path
+  # (--signal=B:USR1@<s>) and periodic checkpoints are what survive a preemption.
+  SRUN=()
+  [[ -n $CONTAINER ]] && srun_prefix "$head" ray-head
   if is_dry; then
     echo "[dry-run] env: RISE_RUN_DIR=$RUN_DIR RISE_JUDGE_URLS=$RISE_JUDGE_URLS RISE_JUDGE_MODEL=$RISE_JUDGE_MODEL RISE_TEACHER_URLS=$RISE_TEACHER_URLS RISE_TEACHER_URL=$RISE_TEACHER_URL RAY_ADDRESS=${RAY_ADDRESS:-}"
-    echo "[dry-run] driver@$head: $(quote_cmd "${SRUN[@]}" "${DRIVER[@]}") >> $LOG_DIR/driver.log"
+    echo "[dry-run] driver@$head: $(quote_cmd "${SRUN[@]}" "${DRIVER[@]}") >> $LOG_DIR/driver.log$([[ -z $CONTAINER ]] && echo " (in the batch step)")"
     return 0
   fi
   if ((GOT_USR1)); then
@@ -644,7 +654,7 @@ main() {
   start_servers judge "$RISE_JUDGE_MODEL" "$RISE_JUDGE_TP" "$RISE_JUDGE_PORT" "$RISE_JUDGE_SERVE_ARGS" "${JUDGE_NODES[@]}"
   if [[ $RISE_USE_RAY == 1 ]]; then
     start_ray
-    wait_for_ray
+    wait_for_ray "$N_TRAIN"
   fi
   wait_for_servers
 

@@ -230,7 +230,7 @@ class NetnsCluster(SlurmCluster):
         problems = []
         if "slurmctld" in self.pids:
             self.run("scancel", "--full", "--user=root", check=False, timeout=20)
-        self.wait_no_strays(20)  # cancelled jobs' steps end on their own
+        self.wait_no_strays(45)  # cancelled jobs' steps end on their own (KillWait is 30 s)
         for name in reversed(list(self.pids)):
             terminate(self.pids[name])
         # Anything still inside our namespaces was left behind by a job (a Ray process, a server): stop

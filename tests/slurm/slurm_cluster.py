@@ -52,6 +52,20 @@ def require_tool(name: str) -> str:
     return path
 
 
+def run_as_laptop_and_as_ci(test_id: str, path: Path) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """Runs one test in a fresh pytest with PATH=``path`` (what that machine has installed), once as on a
+    laptop and once as in CI (RISE_REQUIRE_SLURM=1): a fixture must skip the first and fail the second."""
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RISE_"))}
+    env["PATH"] = str(path)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", test_id]
+    laptop = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    ci = subprocess.run(cmd, env={**env, "RISE_REQUIRE_SLURM": "1"}, capture_output=True, text=True,
+                        cwd=REPO_ROOT, timeout=120)
+    return laptop, ci
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 from netns_cluster import NODE_NAMES
-from test_slurm_train import FAST, STEPS, job_logs, metric_steps, wait_for_steps
+from test_slurm_train import FAST, STEPS, assert_resumed_once, job_logs, metric_steps, wait_for_steps
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -42,11 +43,11 @@ RULE_SERVER = "rise_nemo.judges.rule_server"
 FIRST_STEP_S, JOB_S = 600, 600
 
 
-def submit_three_nodes(cluster, tmp_path: Path, *overrides: str) -> tuple[str, Path]:
+def submit_three_nodes(cluster, tmp_path: Path, *overrides: str, env: dict[str, str] | None = None) -> tuple[str, Path]:
     run_dir = tmp_path / "run"
     job_id = cluster.sbatch("slurm/rise_tiny_cpu.sh", *FAST, *JUDGE_OVERRIDES, *overrides,
                             sbatch_args=("--nodes=3", "-o", str(tmp_path / "slurm-%j.out")),
-                            env={**LAYOUT, "RISE_RUN_DIR": str(run_dir)})
+                            env={**LAYOUT, "RISE_RUN_DIR": str(run_dir), **(env or {})})
     return job_id, run_dir
 
 
@@ -114,7 +115,8 @@ def test_three_nodes_ray_across_two_and_the_judge_server_on_the_third(netns_slur
     driver_line = next(line for line in launcher.splitlines() if " driver on rise-n1: " in line)
     assert "http://" not in driver_line, driver_line  # no URL override: the environment only
     judged = assert_every_verdict_known(run_dir, logs)
-    assert sum(calls for _, calls, _ in judged) >= sum(v for v, _, _ in judged) > 0
+    # Real HTTP calls (identical criteria of one batch share a call, so fewer calls than verdicts can be).
+    assert all(calls > 0 and verdicts > 0 for verdicts, calls, _ in judged), judged
     assert "READY 8000" in (run_dir / "logs" / "judge-rise-n3-0.log").read_text()
     assert_nothing_left(cluster)
 
@@ -128,10 +130,7 @@ def test_requeue_on_three_nodes_resumes_from_the_checkpoint_with_every_step_once
     logs = job_logs(tmp_path, run_dir)
     assert (job.state, job.exit_code, job.restarts) == ("COMPLETED", 0, 1), logs
     assert metric_steps(run_dir) == list(range(1, STEPS + 1)), logs
-    train_log = (run_dir / "train.log").read_text()
-    assert "received SIGTERM" in train_log, logs
-    resumed = [line for line in train_log.splitlines() if "resumed from" in line]
-    assert len(resumed) == 1 and "SLURM_RESTART_COUNT=1" in resumed[0] and "at step 0 " not in resumed[0], logs
+    assert_resumed_once(run_dir, "SIGTERM", logs)
     launcher = (run_dir / "logs" / "launcher.log").read_text()
     # Both attempts built the whole layout again: Ray on nodes 1-2 (the first attempt's Ray was gone, or
     # the new head could not have bound its ports) and the judge on node 3.
@@ -142,8 +141,9 @@ def test_requeue_on_three_nodes_resumes_from_the_checkpoint_with_every_step_once
 
 
 def test_judge_server_on_node_three_killed_mid_run_is_restarted_and_no_verdict_is_lost(netns_slurm, tmp_path):
+    """Driver on node 1, judge server on node 3 (Ray, checked above, is left out to keep the job short)."""
     cluster = netns_slurm
-    job_id, run_dir = submit_three_nodes(cluster, tmp_path)
+    job_id, run_dir = submit_three_nodes(cluster, tmp_path, env={"RISE_USE_RAY": "0"})
     wait_for_steps(cluster, job_id, run_dir, 2, timeout=FIRST_STEP_S)
     judge_ns = cluster.ns_of("rise-n3")
     servers = [pid for pid, (ns, cmd) in cluster.processes().items()
@@ -184,26 +184,16 @@ def test_a_layout_the_planner_rejects_is_refused_before_anything_starts(netns_sl
 def test_without_namespace_tools_the_fixture_skips_on_a_laptop_and_fails_in_ci(tmp_path):
     """Slurm installed but no `ip`/`nsenter`: the 3-node fixture skips with the reason, unless
     RISE_REQUIRE_SLURM=1 (CI), where it fails."""
-    import shutil
-    import subprocess
-    import sys
-
     from netns_cluster import unavailable_reason
-    from slurm_cluster import REPO_ROOT, SLURM_BINARIES
+    from slurm_cluster import SLURM_BINARIES, run_as_laptop_and_as_ci
 
     if unavailable_reason() is not None:
         pytest.skip(unavailable_reason())
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     for tool in SLURM_BINARIES:  # Slurm present, the namespace tools absent
-        (bin_dir / tool).symlink_to(shutil.which(tool))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RISE_"))}
-    env["PATH"] = str(bin_dir)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-           "tests/slurm/test_slurm_multinode.py::test_a_layout_the_planner_rejects_is_refused_before_anything_starts"]
-    laptop = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+        (tmp_path / tool).symlink_to(shutil.which(tool))
+    laptop, ci = run_as_laptop_and_as_ci(
+        "tests/slurm/test_slurm_multinode.py::test_a_layout_the_planner_rejects_is_refused_before_anything_starts",
+        tmp_path)
     assert laptop.returncode == 0 and "1 skipped" in laptop.stdout, laptop.stdout
     assert "network namespace tools missing (ip, nsenter): apt-get install iproute2 util-linux" in laptop.stdout
-    ci = subprocess.run(cmd, env={**env, "RISE_REQUIRE_SLURM": "1"}, capture_output=True, text=True,
-                        cwd=REPO_ROOT, timeout=120)
     assert ci.returncode == 1 and "RISE_REQUIRE_SLURM=1 but network namespace tools missing" in ci.stdout, ci.stdout
