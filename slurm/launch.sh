@@ -36,6 +36,7 @@ RISE_LOOPBACK=${RISE_LOOPBACK:-0}            # 1: every address is 127.0.0.1 (si
 RISE_RAY_PORT=${RISE_RAY_PORT:-6379}
 RISE_RAY_TIMEOUT=${RISE_RAY_TIMEOUT:-600}
 RISE_RAY_PROBE_TIMEOUT=${RISE_RAY_PROBE_TIMEOUT:-60}  # one "how many nodes are up" query
+RISE_RAY_WORKER_RESTARTS=${RISE_RAY_WORKER_RESTARTS:-2}  # per worker that exits during start-up
 RISE_JUDGE_NODES=${RISE_JUDGE_NODES:-0}
 RISE_JUDGE_MODEL=${RISE_JUDGE_MODEL:-Qwen/Qwen3-32B}
 RISE_JUDGE_TP=${RISE_JUDGE_TP:-4}
@@ -97,7 +98,7 @@ die() {
 check_numbers() {
   local name
   for name in RISE_JUDGE_NODES RISE_TEACHER_NODES RISE_JUDGE_TP RISE_TEACHER_TP RISE_JUDGE_PORT RISE_TEACHER_PORT \
-    RISE_RAY_PORT RISE_RAY_TIMEOUT RISE_RAY_PROBE_TIMEOUT RISE_SERVER_TIMEOUT RISE_SERVER_MAX_RESTARTS RISE_SERVER_RESTART_DELAY \
+    RISE_RAY_PORT RISE_RAY_TIMEOUT RISE_RAY_PROBE_TIMEOUT RISE_RAY_WORKER_RESTARTS RISE_SERVER_TIMEOUT RISE_SERVER_MAX_RESTARTS RISE_SERVER_RESTART_DELAY \
     GPUS_PER_NODE RAY_NODE_MANAGER_PORT RAY_OBJECT_MANAGER_PORT RAY_DASHBOARD_AGENT_LISTEN_PORT \
     RAY_DASHBOARD_AGENT_GRPC_PORT RAY_RUNTIME_ENV_AGENT_PORT RAY_METRICS_EXPORT_PORT RAY_DASHBOARD_PORT \
     RAY_CLIENT_SERVER_PORT RAY_MIN_WORKER_PORT RAY_MAX_WORKER_PORT; do
@@ -309,10 +310,30 @@ start_ray() {
   # Workers join a head that is up (as NeMo-RL's ray.sub does): a worker whose raylet cannot register
   # within Ray's fixed 30 s, because the head's GCS is still starting on a busy node, exits.
   ((N_TRAIN > 1)) && wait_for_ray 1
-  for ((i = 1; i < N_TRAIN; i++)); do
-    node=${TRAIN_NODES[$i]}
-    start_step "ray-worker-$i" "$node" "ray-worker-$i" "$LOG_DIR/ray-worker-$i.log" \
-      "$RISE_RAY_BIN" start --address="$RAY_ADDRESS" --node-ip-address="$(ip_of "$node")" "${RAY_ARGS[@]}"
+  for ((i = 1; i < N_TRAIN; i++)); do start_ray_worker "$i"; done
+}
+
+declare -A RAY_WORKER_PID=() RAY_WORKER_RESTARTS=()
+
+start_ray_worker() {
+  local i=$1 node=${TRAIN_NODES[$1]}
+  start_step "ray-worker-$i" "$node" "ray-worker-$i" "$LOG_DIR/ray-worker-$i.log" \
+    "$RISE_RAY_BIN" start --address="$RAY_ADDRESS" --node-ip-address="$(ip_of "$node")" "${RAY_ARGS[@]}"
+  is_dry || RAY_WORKER_PID[$i]=${BG_PIDS[-1]}
+}
+
+# A worker whose raylet misses Ray's fixed 30 s registration window (GCS busy) exits during start-up:
+# start it again, up to RISE_RAY_WORKER_RESTARTS times each. Returns 1 when one is out of restarts.
+restart_dead_ray_workers() {
+  local i pid kept=()
+  for i in "${!RAY_WORKER_PID[@]}"; do
+    kill -0 "${RAY_WORKER_PID[$i]}" 2>/dev/null && continue
+    RAY_WORKER_RESTARTS[$i]=$((${RAY_WORKER_RESTARTS[$i]:-0} + 1))
+    ((RAY_WORKER_RESTARTS[$i] > RISE_RAY_WORKER_RESTARTS)) && return 1
+    for pid in "${BG_PIDS[@]}"; do [[ $pid == "${RAY_WORKER_PID[$i]}" ]] || kept+=("$pid"); done
+    BG_PIDS=("${kept[@]}")
+    log "ray-worker-$i exited during start-up (see $LOG_DIR/ray-worker-$i.log): restart ${RAY_WORKER_RESTARTS[$i]}/$RISE_RAY_WORKER_RESTARTS"
+    start_ray_worker "$i"
   done
 }
 
@@ -336,12 +357,14 @@ wait_for_ray() {
   local start=$SECONDS reply alive delay=2
   while :; do
     # A dead head makes ray.init() retry for minutes: check the steps first and bound each probe.
+    restart_dead_ray_workers || die_run "a Ray worker kept dying during start-up; see $LOG_DIR/ray-worker-*.log"
     all_steps_alive || die_run "a Ray step died during start-up; see $LOG_DIR/ray-*.log"
     reply=$(timeout "$RISE_RAY_PROBE_TIMEOUT" "${SRUN[@]}" "$RISE_PYTHON" -c "$probe" 2>>"$LOG_DIR/ray-probe.log" | tail -1)
     alive=${reply%% *}
     [[ $alive =~ ^[0-9]+$ ]] || alive=0
     log "Ray nodes alive: $alive/$want${reply#"$alive"}"
     ((alive >= want)) && return 0
+    restart_dead_ray_workers || die_run "a Ray worker kept dying during start-up; see $LOG_DIR/ray-worker-*.log"
     all_steps_alive || die_run "a Ray step died during start-up; see $LOG_DIR/ray-*.log"
     ((SECONDS - start > RISE_RAY_TIMEOUT)) && die_run "Ray cluster not up after ${RISE_RAY_TIMEOUT}s; see $LOG_DIR/ray-*.log"
     sleep "$delay"
