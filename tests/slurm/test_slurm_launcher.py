@@ -197,7 +197,9 @@ def test_dry_run_under_sbatch_starts_nothing(slurm, tmp_path):
     assert (job.state, job.exit_code) == ("COMPLETED", 0), out
     # The script found the checkout from its spool copy (via the job's Command) and printed the plan.
     assert f"node 0 {slurm.node} " in out and ": ray-head+driver" in out
-    assert f"[dry-run] driver@{slurm.node}: srun" in out and "--config recipes/rise_14b.yaml" in out
+    # Host mode: the driver runs in the batch step itself (an srun client would SIGKILL it on requeue).
+    assert f"[dry-run] driver@{slurm.node}: " in out and "(in the batch step)" in out
+    assert "--config recipes/rise_14b.yaml" in out
     assert not (tmp_path / "run").exists()
 
 
