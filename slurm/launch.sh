@@ -4,7 +4,9 @@
 # Node roles in one allocation of N nodes (J = RISE_JUDGE_NODES, T = RISE_TEACHER_NODES):
 #   nodes 0 .. N-J-T-1   training: Ray head + driver on node 0, Ray workers on the rest
 #   next T nodes         teacher vLLM servers (RISE_TEACHER_URLS)
-#   last J nodes         judge vLLM servers   (RISE_JUDGE_URLS)
+#   last J nodes         judge vLLM servers   (RISE_JUDGE_URLS); RISE_JUDGE_SERVER=rule serves the
+#                        project's rule grader instead (rise_nemo.judges.rule_server: no GPU, no weights),
+#                        to check a cluster's layout and network before spending GPU hours
 # Every process runs as its own `srun --overlap` step, inside a pyxis container when CONTAINER is
 # set (NeMo-RL ray.sub conventions: CONTAINER, MOUNTS) and on the host otherwise. All logs go to
 # $RUN_DIR/logs/. The job's exit code is the driver's.
@@ -12,6 +14,10 @@
 # Preemption / time limit: the sbatch scripts ask for `--signal=B:USR1@<s>`; the batch shell (this
 # script) forwards USR1 to the driver, which writes a checkpoint and exits 0; the launcher then
 # requeues the job (RISE_AUTO_REQUEUE=1) and the next attempt resumes from the same run directory.
+#
+# Before anything starts, a NeMo-RL recipe's layout is checked with `rise-nemo plan` for this allocation
+# (nodes, GPUS_PER_NODE, the key=value overrides); a layout it rejects ends the job with exit 2
+# (RISE_PLAN_CHECK=0 skips the check).
 #
 # Usage: bash slurm/<recipe>.sh [--dry-run] [--nodes N] [key=value ...]   (outside Slurm: dry run only)
 #        sbatch [--nodes N] slurm/<recipe>.sh [key=value ...]              (RISE_DRY_RUN=1 to print only)
@@ -30,11 +36,14 @@ RISE_LOOPBACK=${RISE_LOOPBACK:-0}            # 1: every address is 127.0.0.1 (si
 RISE_RAY_PORT=${RISE_RAY_PORT:-6379}
 RISE_RAY_TIMEOUT=${RISE_RAY_TIMEOUT:-600}
 RISE_RAY_PROBE_TIMEOUT=${RISE_RAY_PROBE_TIMEOUT:-60}  # one "how many nodes are up" query
+RISE_RAY_WORKER_RESTARTS=${RISE_RAY_WORKER_RESTARTS:-2}  # per worker that exits during start-up
 RISE_JUDGE_NODES=${RISE_JUDGE_NODES:-0}
 RISE_JUDGE_MODEL=${RISE_JUDGE_MODEL:-Qwen/Qwen3-32B}
 RISE_JUDGE_TP=${RISE_JUDGE_TP:-4}
 RISE_JUDGE_PORT=${RISE_JUDGE_PORT:-8000}
 RISE_JUDGE_SERVE_ARGS=${RISE_JUDGE_SERVE_ARGS:-}
+RISE_JUDGE_SERVER=${RISE_JUDGE_SERVER:-vllm}  # vllm | rule (the rule-grader server: layout/network smoke test)
+RISE_PLAN_CHECK=${RISE_PLAN_CHECK:-1}        # 1: refuse a NeMo-RL layout that `rise-nemo plan` rejects
 # The driver is told what was served through the environment, which the recipes read
 # (RISE_JUDGE_URLS / RISE_TEACHER_URLS: JSON lists of .../v1 URLs; RISE_JUDGE_MODEL; RISE_TEACHER_URL:
 # the first teacher URL), and through these config overrides (empty: not passed).
@@ -81,6 +90,7 @@ OVERRIDES=()
 
 die() {
   echo "$PREFIX ERROR: $*" >&2
+  [[ ${LAUNCH_LOG:-/dev/null} == /dev/null ]] || echo "$PREFIX ERROR: $*" >>"$LAUNCH_LOG"
   exit 2
 }
 
@@ -88,15 +98,17 @@ die() {
 check_numbers() {
   local name
   for name in RISE_JUDGE_NODES RISE_TEACHER_NODES RISE_JUDGE_TP RISE_TEACHER_TP RISE_JUDGE_PORT RISE_TEACHER_PORT \
-    RISE_RAY_PORT RISE_RAY_TIMEOUT RISE_RAY_PROBE_TIMEOUT RISE_SERVER_TIMEOUT RISE_SERVER_MAX_RESTARTS RISE_SERVER_RESTART_DELAY \
+    RISE_RAY_PORT RISE_RAY_TIMEOUT RISE_RAY_PROBE_TIMEOUT RISE_RAY_WORKER_RESTARTS RISE_SERVER_TIMEOUT RISE_SERVER_MAX_RESTARTS RISE_SERVER_RESTART_DELAY \
     GPUS_PER_NODE RAY_NODE_MANAGER_PORT RAY_OBJECT_MANAGER_PORT RAY_DASHBOARD_AGENT_LISTEN_PORT \
     RAY_DASHBOARD_AGENT_GRPC_PORT RAY_RUNTIME_ENV_AGENT_PORT RAY_METRICS_EXPORT_PORT RAY_DASHBOARD_PORT \
     RAY_CLIENT_SERVER_PORT RAY_MIN_WORKER_PORT RAY_MAX_WORKER_PORT; do
     [[ ${!name} =~ ^[0-9]+$ ]] || die "$name must be a non-negative integer (got '${!name}')"
   done
-  for name in RISE_DRY_RUN RISE_USE_RAY RISE_LOOPBACK RISE_AUTO_REQUEUE RISE_SHARE_NODES; do
+  for name in RISE_DRY_RUN RISE_USE_RAY RISE_LOOPBACK RISE_AUTO_REQUEUE RISE_SHARE_NODES RISE_PLAN_CHECK; do
     [[ ${!name} == 0 || ${!name} == 1 ]] || die "$name must be 0 or 1 (got '${!name}')"
   done
+  [[ $RISE_JUDGE_SERVER == vllm || $RISE_JUDGE_SERVER == rule ]] ||
+    die "RISE_JUDGE_SERVER must be vllm or rule (got '$RISE_JUDGE_SERVER')"
 }
 
 parse_args() {
@@ -105,7 +117,7 @@ parse_args() {
       --dry-run) RISE_DRY_RUN=1 ;;
       --nodes) DRY_NODES=${2:?--nodes needs a number}; shift ;;
       --nodes=*) DRY_NODES=${1#--nodes=} ;;
-      -h | --help) sed -n '2,19p' "${BASH_SOURCE[0]}"; exit 0 ;;
+      -h | --help) sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 0 ;;
       *=*) OVERRIDES+=("$1") ;;
       *) die "unknown argument '$1' (expected --dry-run, --nodes N or key=value overrides)" ;;
     esac
@@ -197,6 +209,9 @@ assign_roles() {
     TEACHER_NODES=("${NODES[@]:N_TRAIN:RISE_TEACHER_NODES}")
     JUDGE_NODES=("${NODES[@]:N_TRAIN+RISE_TEACHER_NODES:RISE_JUDGE_NODES}")
   fi
+}
+
+resolve_ips() {
   local node
   for node in "${NODES[@]}"; do IPS+=("$(node_ip "$node")"); done
 }
@@ -292,10 +307,33 @@ start_ray() {
     "$RISE_RAY_BIN" start --head --node-ip-address="$head_ip" --port="$RISE_RAY_PORT" \
     --include-dashboard="$RAY_INCLUDE_DASHBOARD" --dashboard-host="$head_ip" --dashboard-port="$RAY_DASHBOARD_PORT" \
     --ray-client-server-port="$RAY_CLIENT_SERVER_PORT" "${RAY_ARGS[@]}"
-  for ((i = 1; i < N_TRAIN; i++)); do
-    node=${TRAIN_NODES[$i]}
-    start_step "ray-worker-$i" "$node" "ray-worker-$i" "$LOG_DIR/ray-worker-$i.log" \
-      "$RISE_RAY_BIN" start --address="$RAY_ADDRESS" --node-ip-address="$(ip_of "$node")" "${RAY_ARGS[@]}"
+  # Workers join a head that is up (as NeMo-RL's ray.sub does): a worker whose raylet cannot register
+  # within Ray's fixed 30 s, because the head's GCS is still starting on a busy node, exits.
+  ((N_TRAIN > 1)) && wait_for_ray 1
+  for ((i = 1; i < N_TRAIN; i++)); do start_ray_worker "$i"; done
+}
+
+declare -A RAY_WORKER_PID=() RAY_WORKER_RESTARTS=()
+
+start_ray_worker() {
+  local i=$1 node=${TRAIN_NODES[$1]}
+  start_step "ray-worker-$i" "$node" "ray-worker-$i" "$LOG_DIR/ray-worker-$i.log" \
+    "$RISE_RAY_BIN" start --address="$RAY_ADDRESS" --node-ip-address="$(ip_of "$node")" "${RAY_ARGS[@]}"
+  is_dry || RAY_WORKER_PID[$i]=${BG_PIDS[-1]}
+}
+
+# A worker whose raylet misses Ray's fixed 30 s registration window (GCS busy) exits during start-up:
+# start it again, up to RISE_RAY_WORKER_RESTARTS times each. Returns 1 when one is out of restarts.
+restart_dead_ray_workers() {
+  local i pid kept=()
+  for i in "${!RAY_WORKER_PID[@]}"; do
+    kill -0 "${RAY_WORKER_PID[$i]}" 2>/dev/null && continue
+    RAY_WORKER_RESTARTS[$i]=$((${RAY_WORKER_RESTARTS[$i]:-0} + 1))
+    ((RAY_WORKER_RESTARTS[$i] > RISE_RAY_WORKER_RESTARTS)) && return 1
+    for pid in "${BG_PIDS[@]}"; do [[ $pid == "${RAY_WORKER_PID[$i]}" ]] || kept+=("$pid"); done
+    BG_PIDS=("${kept[@]}")
+    log "ray-worker-$i exited during start-up (see $LOG_DIR/ray-worker-$i.log): restart ${RAY_WORKER_RESTARTS[$i]}/$RISE_RAY_WORKER_RESTARTS"
+    start_ray_worker "$i"
   done
 }
 
@@ -306,21 +344,27 @@ all_steps_alive() {
   done
 }
 
-# Waits until N_TRAIN Ray nodes are alive, asking the head with a small Python probe.
+# wait_for_ray N: waits until N Ray nodes are alive, asking the head with a small Python probe.
 wait_for_ray() {
-  local probe="import ray; ray.init(address='$RAY_ADDRESS', logging_level='ERROR'); print(sum(1 for n in ray.nodes() if n['Alive']))"
+  local want=$1
+  # Prints the number of alive nodes and their addresses (which node joined from where).
+  local probe="import ray; ray.init(address='$RAY_ADDRESS', logging_level='ERROR'); a = sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']); print(len(a), *a)"
   srun_prefix "${TRAIN_NODES[0]}" ray-head
   if is_dry; then
-    echo "[dry-run] wait-ray@${TRAIN_NODES[0]}: until $N_TRAIN alive Ray nodes (timeout ${RISE_RAY_TIMEOUT}s): $(quote_cmd "${SRUN[@]}" "$RISE_PYTHON" -c "$probe")"
+    echo "[dry-run] wait-ray@${TRAIN_NODES[0]}: until $want alive Ray node(s) (timeout ${RISE_RAY_TIMEOUT}s): $(quote_cmd "${SRUN[@]}" "$RISE_PYTHON" -c "$probe")"
     return
   fi
-  local start=$SECONDS alive delay=2
+  local start=$SECONDS reply alive delay=2
   while :; do
     # A dead head makes ray.init() retry for minutes: check the steps first and bound each probe.
+    restart_dead_ray_workers || die_run "a Ray worker kept dying during start-up; see $LOG_DIR/ray-worker-*.log"
     all_steps_alive || die_run "a Ray step died during start-up; see $LOG_DIR/ray-*.log"
-    alive=$(timeout "$RISE_RAY_PROBE_TIMEOUT" "${SRUN[@]}" "$RISE_PYTHON" -c "$probe" 2>>"$LOG_DIR/ray-probe.log" | tail -1)
-    log "Ray nodes alive: ${alive:-0}/$N_TRAIN"
-    [[ ${alive:-0} == "$N_TRAIN" ]] && return 0
+    reply=$(timeout "$RISE_RAY_PROBE_TIMEOUT" "${SRUN[@]}" "$RISE_PYTHON" -c "$probe" 2>>"$LOG_DIR/ray-probe.log" | tail -1)
+    alive=${reply%% *}
+    [[ $alive =~ ^[0-9]+$ ]] || alive=0
+    log "Ray nodes alive: $alive/$want${reply#"$alive"}"
+    ((alive >= want)) && return 0
+    restart_dead_ray_workers || die_run "a Ray worker kept dying during start-up; see $LOG_DIR/ray-worker-*.log"
     all_steps_alive || die_run "a Ray step died during start-up; see $LOG_DIR/ray-*.log"
     ((SECONDS - start > RISE_RAY_TIMEOUT)) && die_run "Ray cluster not up after ${RISE_RAY_TIMEOUT}s; see $LOG_DIR/ray-*.log"
     sleep "$delay"
@@ -369,6 +413,11 @@ start_servers() {
   # shellcheck disable=SC2016  # expanded later, inside the step, from the exported HOST PORT MODEL TP
   local serve='exec vllm serve "$MODEL" --host "$HOST" --port "$PORT" --tensor-parallel-size "$TP"'
   [[ -n $extra ]] && serve+=" $extra"
+  if [[ $kind == judge && $RISE_JUDGE_SERVER == rule ]]; then
+    # The project's OpenAI-compatible rule grader (answers any model name, GET /health like vLLM).
+    # shellcheck disable=SC2016  # HOST and PORT are expanded inside the step, as above
+    serve="exec $(printf '%q' "$RISE_PYTHON")"' -m rise_nemo.judges.rule_server --host "$HOST" --port "$PORT"'
+  fi
   [[ -n $RISE_SERVE_CMD ]] && serve=$RISE_SERVE_CMD
   for node in "$@"; do
     ip=$(ip_of "$node")
@@ -472,10 +521,16 @@ run_driver() {
   RISE_TEACHER_URL=${RISE_TEACHER_URL%%[],]*}
   RISE_TEACHER_URL=${RISE_TEACHER_URL//\"/}
   driver_command
-  srun_prefix "$head" ray-head
+  # Host mode: the driver runs in the batch step itself (the batch script runs on node 0). Under srun it
+  # could not checkpoint on `scontrol requeue` or preemption: Slurm's SIGTERM reaches every process of the
+  # batch step, the driver's srun client included, and srun answers SIGTERM by sending SIGKILL to its
+  # step. In container mode the driver needs its srun step (pyxis); there the USR1 path
+  # (--signal=B:USR1@<s>) and periodic checkpoints are what survive a preemption.
+  SRUN=()
+  [[ -n $CONTAINER ]] && srun_prefix "$head" ray-head
   if is_dry; then
     echo "[dry-run] env: RISE_RUN_DIR=$RUN_DIR RISE_JUDGE_URLS=$RISE_JUDGE_URLS RISE_JUDGE_MODEL=$RISE_JUDGE_MODEL RISE_TEACHER_URLS=$RISE_TEACHER_URLS RISE_TEACHER_URL=$RISE_TEACHER_URL RAY_ADDRESS=${RAY_ADDRESS:-}"
-    echo "[dry-run] driver@$head: $(quote_cmd "${SRUN[@]}" "${DRIVER[@]}") >> $LOG_DIR/driver.log"
+    echo "[dry-run] driver@$head: $(quote_cmd "${SRUN[@]}" "${DRIVER[@]}") >> $LOG_DIR/driver.log$([[ -z $CONTAINER ]] && echo " (in the batch step)")"
     return 0
   fi
   if ((GOT_USR1)); then
@@ -515,24 +570,50 @@ die_run() {
   exit 1
 }
 
-# ---------------------------------------------------------------- main
-# The planner (pure Python: no torch, no GPU) refuses a layout that cannot run, in a dry run and before any
-# step starts; `rise-nemo train` repeats the check in the driver. It is given the training nodes the
-# driver will get. Skipped with a warning where RISE_PYTHON cannot run it (container mode on a bare host).
+# ---------------------------------------------------------------- planner check
+# `rise-nemo plan` for this allocation before any step starts: a NeMo-RL layout that cannot run (DP not
+# dividing the batch, TP not fitting a node, memory) ends the job with exit 2 and the planner's reasons,
+# instead of failing minutes later inside Megatron or vLLM. Recipes of other backends (the local CPU
+# backend) have no parallel layout to check. In container mode the check runs in the container on node 0.
+PLAN_PY='import sys
+from rise_nemo.config.loader import load_recipe_tree
+if load_recipe_tree(sys.argv[1]).get("backend") != "nemo":
+    print("not a NeMo-RL recipe: no parallel layout to check")
+    sys.exit(0)
+from rise_nemo.cli import main
+sys.exit(main(["plan", *sys.argv[1:]]))'
+
 check_plan() {
-  if ! "$RISE_PYTHON" -c 'import omegaconf, yaml, rise_nemo.commands.plan' 2>/dev/null; then
-    echo "$PREFIX WARNING: planner check skipped ($RISE_PYTHON cannot import rise_nemo and its dependencies); the driver runs it" >&2
+  if [[ $RISE_PLAN_CHECK == 0 ]]; then
+    log "planner check skipped (RISE_PLAN_CHECK=0)"
     return 0
   fi
-  local out rc=0
-  out=$("$RISE_PYTHON" -m rise_nemo.cli plan "$RISE_RECIPE" --skip-non-nemo --train-nodes "$N_TRAIN" \
-    --gpus-per-node "$GPUS_PER_NODE" "${OVERRIDES[@]}" 2>&1) || rc=$?
-  # 1 = the layout cannot run. 2 = the recipe itself is invalid: the driver reports that in driver.log.
-  ((rc == 1)) && die "rise-nemo plan refuses $RISE_RECIPE with $N_TRAIN training node(s): $(grep -E '^ +- ' <<<"$out" | sed 's/^ *- //' | tr '\n' ';')"
-  ((rc == 0 || rc == 1)) || echo "$PREFIX WARNING: planner could not read the recipe (the driver will say why): ${out##*$'\n'}" >&2
-  return 0
+  # Overrides go before the options (argparse); GPUS_PER_NODE=0 (CPU-only tests) keeps the recipe's count.
+  local cmd=("$RISE_PYTHON" -c "$PLAN_PY" "$RISE_RECIPE" "${OVERRIDES[@]}" --nodes "${#NODES[@]}") out rc
+  ((GPUS_PER_NODE > 0)) && cmd+=(--gpus-per-node "$GPUS_PER_NODE")
+  if [[ -n $CONTAINER ]]; then
+    if is_dry; then
+      echo "[dry-run] plan: $(quote_cmd "${cmd[@]}") (run in the container on ${NODES[0]}; a rejected layout ends the job with exit 2)"
+      return 0
+    fi
+    srun_prefix "${NODES[0]}" ray-head
+    cmd=("${SRUN[@]}" "${cmd[@]}")
+  elif is_dry && ! "$RISE_PYTHON" -c 'import rise_nemo.cli' 2>/dev/null; then
+    echo "$PREFIX WARNING: planner not run: $RISE_PYTHON cannot import rise_nemo here (the real launch runs it)" >&2
+    return 0
+  fi
+  out=$("${cmd[@]}" 2>&1)
+  rc=$?
+  if ((rc != 0)); then
+    echo "$out" >&2
+    [[ $LAUNCH_LOG == /dev/null ]] || echo "$out" >>"$LAUNCH_LOG"
+    die "rise-nemo plan rejects $RISE_RECIPE on ${#NODES[@]} node(s) (exit $rc, reasons above): nothing was started; fix the recipe or the allocation (RISE_PLAN_CHECK=0 skips this check)"
+  fi
+  out=${out##*$'\n'}
+  log "planner: $RISE_RECIPE on ${#NODES[@]} node(s): ${out#"${out%%[! ]*}"}"
 }
 
+# ---------------------------------------------------------------- main
 print_plan() {
   local i role
   log "job ${SLURM_JOB_ID:-<none>} attempt SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0} recipe=$RISE_RECIPE run_dir=$RUN_DIR mode=$([[ -n $CONTAINER ]] && echo "container $CONTAINER" || echo host)"
@@ -579,9 +660,6 @@ main() {
   cd "$RISE_REPO" || die "cannot cd to $RISE_REPO"
 
   resolve_nodes
-  assign_roles
-  check_plan
-  detect_gres
   if ! is_dry; then
     mkdir -p "$LOG_DIR" || die "cannot create $LOG_DIR"
     LAUNCH_LOG=$LOG_DIR/launcher.log
@@ -589,13 +667,17 @@ main() {
     trap forward_usr1 USR1
     trap note_term TERM
   fi
+  assign_roles
+  check_plan
+  resolve_ips
+  detect_gres
   print_plan
 
   start_servers teacher "$RISE_TEACHER_MODEL" "$RISE_TEACHER_TP" "$RISE_TEACHER_PORT" "$RISE_TEACHER_SERVE_ARGS" "${TEACHER_NODES[@]}"
   start_servers judge "$RISE_JUDGE_MODEL" "$RISE_JUDGE_TP" "$RISE_JUDGE_PORT" "$RISE_JUDGE_SERVE_ARGS" "${JUDGE_NODES[@]}"
   if [[ $RISE_USE_RAY == 1 ]]; then
     start_ray
-    wait_for_ray
+    wait_for_ray "$N_TRAIN"
   fi
   wait_for_servers
 

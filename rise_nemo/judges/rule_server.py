@@ -18,8 +18,9 @@ benchmarked over real sockets on 127.0.0.1 (tests/judges, bench/judge_throughput
   naive reader finds them, it obeys and marks every criterion met. A response that smuggles a fake closing
   marker past neutralisation would therefore flip its verdicts — the injection tests rely on that.
 
-Run standalone (tests kill and restart it this way): ``python -m rise_nemo.judges.rule_server --port P``;
-it prints ``READY <port>`` once listening.
+Run standalone (tests kill and restart it this way): ``python -m rise_nemo.judges.rule_server --port P
+[--host H]``; it prints ``READY <port>`` once listening and answers ``GET /health`` like vLLM, so the Slurm
+launcher can serve it in place of ``vllm serve`` (``RISE_JUDGE_SERVER=rule``, bound to a node's address).
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ class RuleGraderApp:
         self.app = web.Application()
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_get("/health", self.health)  # vLLM's health path (the Slurm launcher polls it)
 
     def _next_fault(self) -> str:
         if self.script:
@@ -134,6 +136,9 @@ class RuleGraderApp:
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "rule-grader", "object": "model"}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
@@ -271,6 +276,7 @@ class RuleGraderServer:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (a cluster node's own address on Slurm)")
     p.add_argument("--latency", type=float, default=0.0, help="seconds added to every call")
     p.add_argument("--fault", action="append", default=[], metavar="NAME=P", help="random fault rate, repeatable")
     p.add_argument("--seed", type=int, default=0)
@@ -284,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     async def serve() -> None:
         runner = web.AppRunner(grader.app, shutdown_timeout=0.1, handler_cancellation=True, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", args.port, reuse_address=True)
+        site = web.TCPSite(runner, args.host, args.port, reuse_address=True)
         await site.start()
         print(f"READY {site._server.sockets[0].getsockname()[1]}", flush=True)  # type: ignore[union-attr]
         await asyncio.Event().wait()

@@ -52,6 +52,20 @@ def require_tool(name: str) -> str:
     return path
 
 
+def run_as_laptop_and_as_ci(test_id: str, path: Path) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """Runs one test in a fresh pytest with PATH=``path`` (what that machine has installed), once as on a
+    laptop and once as in CI (RISE_REQUIRE_SLURM=1): a fixture must skip the first and fail the second."""
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RISE_"))}
+    env["PATH"] = str(path)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", test_id]
+    laptop = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    ci = subprocess.run(cmd, env={**env, "RISE_REQUIRE_SLURM": "1"}, capture_output=True, text=True,
+                        cwd=REPO_ROOT, timeout=120)
+    return laptop, ci
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -143,19 +157,26 @@ class SlurmCluster:
 
     def stop(self) -> None:
         self.run("scancel", "--full", "--user=root", check=False, timeout=20)
-        for name in ("slurmd", "slurmctld", "munged"):
-            pid = self.pids.get(name)
-            if pid is None:
-                continue
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and _alive(pid):
-                time.sleep(0.1)
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        # Started munged, slurmctld, slurmd(s): stop them the other way round.
+        for name in reversed(list(self.pids)):
+            terminate(self.pids[name])
+
+
+def terminate(pid: int, grace: float = 10) -> bool:
+    """SIGTERM, then SIGKILL after ``grace`` s; True if the process was still there to be stopped."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.1)
+    if _alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return True
 
 
 def _alive(pid: int) -> bool:
@@ -176,10 +197,16 @@ def _read_pid(path: Path) -> int:
     return int(path.read_text().strip())
 
 
-def _slurm_conf(root: Path, node: str, cpus: int, mem_mb: int, ctld_port: int, slurmd_port: int) -> str:
+def slurm_conf(root: Path, ctld_host: str, ctld_addr: str, nodes: dict[str, str], cpus: int, mem_mb: int,
+               ctld_port: int, slurmd_port: int) -> str:
+    """slurm.conf for a controller at ``ctld_addr`` and ``nodes`` (name -> address), all under ``root``.
+
+    Per-node paths use %n, so several slurmd (one per network namespace) can share one machine."""
+    node_lines = "".join(f"NodeName={name} NodeAddr={addr} CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN\n"
+                         for name, addr in nodes.items())
     return f"""\
 ClusterName=risetest
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={ctld_host}({ctld_addr})
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -188,11 +215,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={root}/munge/munge.socket,cred_expire=10
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/backfill
@@ -206,12 +233,12 @@ KillWait=30
 JobRequeue=1
 MpiDefault=none
 SwitchType=switch/none
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
+{node_lines}PartitionName=debug Nodes={",".join(nodes)} Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def start_cluster(root: Path) -> SlurmCluster:
+def prepare_root(root: Path) -> None:
+    """Directories and a fresh munge key for one test cluster under ``root``."""
     for sub in ("munge", "state", "spool", "log"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     # munged refuses a socket directory others can write to and a key others can read.
@@ -219,29 +246,46 @@ def start_cluster(root: Path) -> SlurmCluster:
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o600)
-    node = socket.gethostname().split(".")[0]
-    cpus = os.cpu_count() or 1
-    conf = root / "slurm.conf"
-    conf.write_text(_slurm_conf(root, node, cpus, 4000, _free_port(), _free_port()))
+
+
+def start_munged(root: Path) -> int:
+    """munged on a socket under ``root`` (a path socket: reachable from every network namespace)."""
+    subprocess.run(["munged", "--force", f"--key-file={root}/munge/munge.key", f"--socket={root}/munge/munge.socket",
+                    f"--pid-file={root}/munge/munged.pid", f"--seed-file={root}/munge/seed",
+                    f"--log-file={root}/log/munged.log"], check=True, capture_output=True, text=True)
+    return _read_pid(root / "munge" / "munged.pid")
+
+
+def slurm_env(conf: Path) -> dict[str, str]:
     env = {**os.environ, "SLURM_CONF": str(conf)}
     for var in [v for v in env if v.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")) and v != "SLURM_CONF"]:
         del env[var]  # an outer Slurm job's variables would leak into our submissions
+    return env
+
+
+def wait_nodes_idle(cluster: SlurmCluster, nodes: int, timeout: float = 30) -> None:
+    def idle() -> bool:
+        res = cluster.run("sinfo", "-h", "-N", "-o", "%t", check=False)
+        return res.returncode == 0 and res.stdout.split() == ["idle"] * nodes
+
+    _wait_for(idle, timeout, f"{nodes} Slurm node(s) to become idle", cluster.root / "log" / "slurmctld.log")
+
+
+def start_cluster(root: Path) -> SlurmCluster:
+    prepare_root(root)
+    node = socket.gethostname().split(".")[0]
+    cpus = os.cpu_count() or 1
+    conf = root / "slurm.conf"
+    conf.write_text(slurm_conf(root, node, "127.0.0.1", {node: "127.0.0.1"}, cpus, 4000, _free_port(), _free_port()))
+    env = slurm_env(conf)
     cluster = SlurmCluster(root, conf, node, cpus, env)
     try:
-        subprocess.run(["munged", "--force", f"--key-file={key}", f"--socket={root}/munge/munge.socket",
-                        f"--pid-file={root}/munge/munged.pid", f"--seed-file={root}/munge/seed",
-                        f"--log-file={root}/log/munged.log"], check=True, capture_output=True, text=True)
-        cluster.pids["munged"] = _read_pid(root / "munge" / "munged.pid")
+        cluster.pids["munged"] = start_munged(root)
         subprocess.run(["slurmctld", "-i", "-f", str(conf)], env=env, check=True, capture_output=True, text=True)
         cluster.pids["slurmctld"] = _read_pid(root / "slurmctld.pid")
         subprocess.run(["slurmd", "-f", str(conf), "-N", node], env=env, check=True, capture_output=True, text=True)
-        cluster.pids["slurmd"] = _read_pid(root / "slurmd.pid")
-
-        def node_idle() -> bool:
-            res = cluster.run("sinfo", "-h", "-o", "%t", check=False)
-            return res.returncode == 0 and res.stdout.strip() == "idle"
-
-        _wait_for(node_idle, 30, "the Slurm node to become idle", root / "log" / "slurmctld.log")
+        cluster.pids["slurmd"] = _read_pid(root / f"slurmd-{node}.pid")
+        wait_nodes_idle(cluster, 1)
     except Exception:
         cluster.stop()
         raise

@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from slurm_cluster import REPO_ROOT, port_below_ephemeral, require_tool
+from slurm_cluster import REPO_ROOT, port_below_ephemeral, require_tool, run_as_laptop_and_as_ci
 
 pytestmark = pytest.mark.slurm
 SCRIPTS = sorted((REPO_ROOT / "slurm").glob("*.sh"))
@@ -52,13 +52,13 @@ def test_dry_run_rise_14b_on_three_nodes_lists_roles_and_commands():
     res = dry_run("rise_14b.sh", "--nodes", "3", "train.steps=7")
     assert res.returncode == 0, res.stderr
     out = res.stdout
+    assert "planner: recipes/rise_14b.yaml on 3 node(s): OK: layout valid" in out
     roles = dict(re.findall(r"node \d (node-\d) \S+: (.+)$", out, re.M))
-    assert roles == {"node-0": "ray-head+driver", "node-1": "ray-worker",
-                     "node-2": "judge(Qwen/Qwen3-32B TP=4)"}, out
+    assert roles == {"node-0": "ray-head+driver", "node-1": "ray-worker", "node-2": "judge(Qwen/Qwen3-32B TP=4)"}, out
     assert len(re.findall(r"\[dry-run\] ray-head@node-0: srun .* start --head --node-ip-address=", out)) == 1
     workers = re.findall(r"\[dry-run\] ray-worker-(\d)@(node-\d): srun .* start --address=\\<ip-of-node-0\\>:6379", out)
     assert workers == [("1", "node-1")], out
-    assert "until 2 alive Ray nodes" in out
+    assert "until 1 alive Ray node(s)" in out and "until 2 alive Ray node(s)" in out  # head first, then all
     # 8 GPUs / TP 4 = 2 judge replicas on the last node, on their own GPU slices and ports below 32768,
     # bound to the node's cluster address.
     judges = re.findall(r"\[dry-run\] judge-(\d)@node-2: srun .*HOST=\\<ip-of-node-2\\>\\ PORT=(\d+).*"
@@ -79,13 +79,65 @@ def test_dry_run_rise_14b_on_three_nodes_lists_roles_and_commands():
 
 
 def test_dry_run_refuses_a_layout_the_planner_rejects():
-    """4 nodes = 3 training nodes = DP 3 for rise_14b: 512 rows per step do not split. The planner runs in
-    the dry run (and before a real launch starts any step) and refuses it, naming the recipe keys."""
+    """rise_14b on 4 nodes: 3 training nodes give DP 3, which does not divide the batch of 512."""
     res = dry_run("rise_14b.sh", "--nodes", "4")
     assert res.returncode == 2, res.stdout
-    assert "rise-nemo plan refuses recipes/rise_14b.yaml with 3 training node(s)" in res.stderr
-    assert "grpo.prompts_per_step" in res.stderr and "DP 3" in res.stderr
-    assert "[dry-run]" not in res.stdout  # nothing printed as if it would start
+    assert "512 is not a multiple of DP 3" in res.stderr
+    assert "rise-nemo plan rejects recipes/rise_14b.yaml on 4 node(s)" in res.stderr
+    assert "[dry-run]" not in res.stdout  # refused before any role or command is laid out
+    # The user's overrides reach the planner: a batch DP 3 divides makes the same allocation valid.
+    res = dry_run("rise_14b.sh", "--nodes", "4", "grpo.prompts_per_step=48", "nemo.policy.train_global_batch_size=384")
+    assert res.returncode == 0 and "on 4 node(s): OK: layout valid" in res.stdout, res.stderr
+    res = dry_run("rise_14b.sh", "--nodes", "4", env={"RISE_PLAN_CHECK": "0"})
+    assert res.returncode == 0 and "planner check skipped (RISE_PLAN_CHECK=0)" in res.stdout, res.stderr
+    res = dry_run("rise_tiny_cpu.sh")  # local backend: no parallel layout
+    assert res.returncode == 0 and "not a NeMo-RL recipe: no parallel layout to check" in res.stdout, res.stderr
+
+
+def test_dry_run_judge_server_rule_serves_the_rule_grader_bound_to_the_node():
+    res = dry_run("rise_14b.sh", env={"RISE_JUDGE_SERVER": "rule"})
+    assert res.returncode == 0, res.stderr
+    judges = [line for line in res.stdout.splitlines() if line.startswith("[dry-run] judge-")]
+    assert len(judges) == 2 and all("vllm" not in line for line in judges), judges
+    for line in judges:
+        assert '-m rise_nemo.judges.rule_server --host "$HOST" --port "$PORT"' in line.replace("\\", ""), line
+        assert "HOST=<ip-of-node-1> " in line.replace("\\", "")
+    res = dry_run("rise_14b.sh", env={"RISE_JUDGE_SERVER": "sglang"})
+    assert res.returncode == 2 and "RISE_JUDGE_SERVER must be vllm or rule (got 'sglang')" in res.stderr
+
+
+def test_the_rule_grader_command_of_the_dry_run_serves_and_passes_the_health_check(tmp_path):
+    """The exact judge command the launcher builds for RISE_JUDGE_SERVER=rule, run as is on loopback:
+    it binds HOST:PORT and answers the launcher's health check (GET /health, as vLLM does)."""
+    import shlex
+    import time
+    import urllib.request
+
+    port = port_below_ephemeral()
+    res = dry_run("rise_tiny_cpu.sh", env={"RISE_JUDGE_SERVER": "rule", "RISE_JUDGE_NODES": "1", "RISE_SHARE_NODES": "1",
+                                           "RISE_LOOPBACK": "1", "RISE_JUDGE_PORT": str(port)})
+    assert res.returncode == 0, res.stderr
+    line = next(line for line in res.stdout.splitlines() if line.startswith("[dry-run] judge-0@"))
+    argv = shlex.split(line.split(": ", 1)[1].split(" >> ", 1)[0])
+    command = argv[argv.index("bash") + 2]  # srun ... bash -c COMMAND
+    assert f"HOST=127.0.0.1 PORT={port} " in command and "vllm" not in command, command
+    server = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == f"READY {port}"
+        no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with no_proxy.open(f"http://127.0.0.1:{port}/health", timeout=5) as reply:
+                    assert reply.status == 200
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_sbatch_scripts_match_their_recipes_plan():
@@ -136,7 +188,8 @@ def test_dry_run_refuses_an_allocation_without_room_for_training():
 def test_dry_run_under_sbatch_starts_nothing(slurm, tmp_path):
     # rise_14b.sh on the one-node test cluster: no judge node, GPUs overridden (the node has none);
     # --nodes has no SBATCH_ variable, so it goes on the command line.
-    env = {"RISE_DRY_RUN": "1", "RISE_JUDGE_NODES": "0", "SBATCH_GPUS_PER_NODE": "0",
+    # The planner would refuse rise_14b on one node (it needs a judge node): not what this test is about.
+    env = {"RISE_DRY_RUN": "1", "RISE_JUDGE_NODES": "0", "SBATCH_GPUS_PER_NODE": "0", "RISE_PLAN_CHECK": "0",
            "RISE_RUN_DIR": str(tmp_path / "run")}
     job_id = slurm.sbatch("slurm/rise_14b.sh", sbatch_args=("--nodes=1", "-o", str(tmp_path / "out.log")), env=env)
     job = slurm.wait(job_id, timeout=60)
@@ -144,7 +197,9 @@ def test_dry_run_under_sbatch_starts_nothing(slurm, tmp_path):
     assert (job.state, job.exit_code) == ("COMPLETED", 0), out
     # The script found the checkout from its spool copy (via the job's Command) and printed the plan.
     assert f"node 0 {slurm.node} " in out and ": ray-head+driver" in out
-    assert f"[dry-run] driver@{slurm.node}: srun" in out and "--config recipes/rise_14b.yaml" in out
+    # Host mode: the driver runs in the batch step itself (an srun client would SIGKILL it on requeue).
+    assert f"[dry-run] driver@{slurm.node}: " in out and "(in the batch step)" in out
+    assert "--config recipes/rise_14b.yaml" in out
     assert not (tmp_path / "run").exists()
 
 
@@ -294,17 +349,11 @@ def test_driver_command_and_environment_load_with_the_recipe(script, monkeypatch
 
 def test_missing_slurm_skips_on_a_laptop_and_fails_in_ci(tmp_path):
     """Without the Slurm binaries on PATH the fixture skips with the reason, unless RISE_REQUIRE_SLURM=1."""
-    import sys
-
-    bare = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RISE_"))}
-    bare["PATH"] = str(tmp_path)  # no munged / slurmctld / sbatch here
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-           "tests/slurm/test_slurm_launcher.py::test_driver_exit_code_is_the_job_exit_code"]
-    laptop = subprocess.run(cmd, env=bare, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    # tmp_path as PATH: no munged / slurmctld / sbatch there
+    laptop, ci = run_as_laptop_and_as_ci(
+        "tests/slurm/test_slurm_launcher.py::test_driver_exit_code_is_the_job_exit_code", tmp_path)
     assert laptop.returncode == 0 and "1 skipped" in laptop.stdout, laptop.stdout
     assert "Slurm not installed (missing munged" in laptop.stdout
-    ci = subprocess.run(cmd, env={**bare, "RISE_REQUIRE_SLURM": "1"}, capture_output=True, text=True,
-                        cwd=REPO_ROOT, timeout=120)
     assert ci.returncode == 1 and "RISE_REQUIRE_SLURM=1 but Slurm not installed" in ci.stdout, ci.stdout
 
 

@@ -61,6 +61,15 @@ def job_logs(tmp_path: Path, run_dir: Path) -> str:
     return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in files if p.exists())
 
 
+def assert_resumed_once(run_dir: Path, signal_name: str, logs: str) -> None:
+    """The signal made the trainer write a checkpoint (checkpoint_every is 0), and the second attempt
+    started from it, not from scratch: one resume, by the requeued attempt."""
+    train_log = (run_dir / "train.log").read_text()
+    assert f"received {signal_name}" in train_log, logs
+    resumed = [line for line in train_log.splitlines() if "resumed from" in line]
+    assert len(resumed) == 1 and "SLURM_RESTART_COUNT=1" in resumed[0] and "at step 0 " not in resumed[0], logs
+
+
 def test_tiny_cpu_job_trains_and_exits_zero(slurm, tmp_path):
     job_id, run_dir = submit_tiny(slurm, tmp_path)
     job = slurm.wait(job_id, timeout=240)
@@ -85,13 +94,7 @@ def test_scontrol_requeue_resumes_from_checkpoint_without_losing_or_repeating_st
     logs = job_logs(tmp_path, run_dir)
     assert (job.state, job.exit_code, job.restarts) == ("COMPLETED", 0, 1), logs
     assert metric_steps(run_dir) == list(range(1, steps + 1)), logs
-    train_log = (run_dir / "train.log").read_text()
-    # The SIGTERM of the requeue made the trainer write a checkpoint (checkpoint_every is 0), and the
-    # second attempt started from it, not from scratch.
-    assert "received SIGTERM" in train_log, logs
-    resumed = [line for line in train_log.splitlines() if "resumed from" in line]
-    assert len(resumed) == 1 and "SLURM_RESTART_COUNT=1" in resumed[0], logs
-    assert "at step 0 " not in resumed[0], resumed
+    assert_resumed_once(run_dir, "SIGTERM", logs)  # the SIGTERM of the requeue
     assert "attempt SLURM_RESTART_COUNT=1" in (run_dir / "logs" / "launcher.log").read_text()
 
 
@@ -107,10 +110,7 @@ def test_time_limit_signal_checkpoints_and_the_job_requeues_itself(slurm, tmp_pa
     assert metric_steps(run_dir) == list(range(1, steps + 1)), logs
     launcher = (run_dir / "logs" / "launcher.log").read_text()
     assert "received USR1" in launcher and f"requeueing job {job_id}" in launcher, logs
-    train_log = (run_dir / "train.log").read_text()
-    assert "received SIGUSR1" in train_log, logs
-    resumed = [line for line in train_log.splitlines() if "resumed from" in line]
-    assert len(resumed) == 1 and "SLURM_RESTART_COUNT=1" in resumed[0] and "at step 0 " not in resumed[0], logs
+    assert_resumed_once(run_dir, "SIGUSR1", logs)
 
 
 def test_failing_driver_fails_the_job_with_its_exit_code(slurm, tmp_path):
