@@ -82,11 +82,11 @@ def test_dry_run_refuses_a_layout_the_planner_rejects():
     """rise_14b on 4 nodes: 3 training nodes give DP 3, which does not divide the batch of 512."""
     res = dry_run("rise_14b.sh", "--nodes", "4")
     assert res.returncode == 2, res.stdout
-    assert "512 is not a multiple of DP 3" in res.stderr
+    assert "512 sampled rows per step (prompts x samples per prompt) are not a multiple of DP 3" in res.stderr
     assert "rise-nemo plan rejects recipes/rise_14b.yaml on 4 node(s)" in res.stderr
     assert "[dry-run]" not in res.stdout  # refused before any role or command is laid out
     # The user's overrides reach the planner: a batch DP 3 divides makes the same allocation valid.
-    res = dry_run("rise_14b.sh", "--nodes", "4", "grpo.prompts_per_step=48", "nemo.policy.train_global_batch_size=384")
+    res = dry_run("rise_14b.sh", "--nodes", "4", "grpo.prompts_per_step=48", "nemo.policy.train_global_batch_size=768")
     assert res.returncode == 0 and "on 4 node(s): OK: layout valid" in res.stdout, res.stderr
     res = dry_run("rise_14b.sh", "--nodes", "4", env={"RISE_PLAN_CHECK": "0"})
     assert res.returncode == 0 and "planner check skipped (RISE_PLAN_CHECK=0)" in res.stdout, res.stderr
