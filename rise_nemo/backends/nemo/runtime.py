@@ -121,6 +121,10 @@ class NemoGenerator:
                 )
         return False
 
+    def decode_response(self, token_ids: Sequence[int]) -> str:
+        """Response token ids -> the text the judge sees (also used to locate token spans)."""
+        return final_answer(self.session.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
     def generate(self, prompts: Sequence[list[dict]], n: int, params: SamplingParams) -> list[list[Rollout]]:
         greedy = self._check_params(params)
         prompt_ids = [self.encode_prompt(p) for p in prompts]
@@ -129,7 +133,7 @@ class NemoGenerator:
         output = self.session.generation.generate(self.session.to_batched(data), greedy=greedy)
         return rollouts_from_generation(
             output, prompts, prompt_ids, n,
-            decode=lambda ids: final_answer(self.session.tokenizer.decode(ids, skip_special_tokens=True)),
+            decode=self.decode_response,
             eos_token_ids=self.eos_ids,
         )
 
