@@ -62,6 +62,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--timing-steps", type=int, default=8,
                    help="interleaved steps per phase for the step-time ratio (0 = skip the timing)")
     p.add_argument("--out", default="/tmp/rise_bench_embedded")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (1 when several benches share the cores)")
     p.add_argument("overrides", nargs="*", help="extra recipe overrides for every run (key=value)")
     return p.parse_args()
 
@@ -72,7 +73,7 @@ def config(method: str, seed: int, run_dir: Path, args, extra=()):
     recipe, variant = VARIANTS.get(method, (method, []))
     return load_config(REPO / "recipes" / RECIPES[recipe], [*variant,
         f"run.seed={seed}", f"run.dir={run_dir}", f"train.steps={args.steps}", "train.checkpoint_every=0",
-        f"eval.every={args.eval_every}", "train.progress=false", f"rise.schedule.switch_step={args.switch_step}",
+        f"eval.every={args.eval_every}", "train.progress=false", f"local.num_threads={args.threads}", f"rise.schedule.switch_step={args.switch_step}",
         *args.overrides, *extra,
     ])
 
@@ -123,7 +124,7 @@ def main() -> int:
     args = parse_args()
     import torch
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     results = []
     for seed in args.seeds:
