@@ -378,7 +378,7 @@ def guided_samples(
     a_ref = reference_advantages(priv.rewards, nat.rewards[targets], nat.valid[targets])  # [N', G']
     out: list[TrainSample] = []
     dropped_by: dict[str, int] = {}
-    counts = {"no_regression": 0, "length": 0, "masked_responses": 0, "masked_tokens": 0}
+    counts = {"no_regression": 0, "length": 0, "masked_responses": 0, "masked_tokens": 0, "fully_masked": 0}
     nat_len, priv_len, kept_len = [], [], []
     for t, i in enumerate(targets):
         prompt, rollouts = prompts[i], priv.rollouts[t]
@@ -402,6 +402,9 @@ def guided_samples(
             if not (bool(keep[j]) and short_enough[j]):
                 continue
             mask = masks.get(j)
+            if mask is not None and not any(mask):
+                counts["fully_masked"] += 1  # nothing left to imitate (e.g. one unpunctuated sentence)
+                continue
             if mask is not None:
                 counts["masked_responses"] += 1
                 counts["masked_tokens"] += mask.count(0)
@@ -420,6 +423,7 @@ def guided_samples(
         "guidance/dropped_length": counts["length"],
         "guidance/masked_responses": counts["masked_responses"],
         "guidance/masked_tokens": counts["masked_tokens"],
+        "guidance/dropped_fully_masked": counts["fully_masked"],
         # hinted / natural mean response length (tokens) over the guided prompts; and of the retained ones
         "guidance/length_ratio": _ratio(mean(priv_len), mean(nat_len)),
         "guidance/length_ratio_retained": _ratio(mean(kept_len), mean(nat_len)),
