@@ -59,11 +59,11 @@ class RetentionCfg:
     """Which kept privileged responses the guide loss imitates, and how (rise_nemo.core.guidance; our
     extensions of eq. 8, off when ``rise.paper_faithful``)."""
 
-    no_regression: Literal["none", "hard", "soft"] = "hard"  # drop / down-weight responses failing a protected criterion
+    no_regression: Literal["none", "hard", "soft"] = "none"  # drop / down-weight responses failing a protected criterion
     keep_threshold: float = 0.5  # share of valid natural responses satisfying a criterion that protects it
-    mask_penalised_spans: bool = True  # mask text the judge locates for a met negative criterion
+    mask_penalised_spans: bool = False  # mask text the judge locates for a met negative criterion
     span_unit: Literal["match", "sentence"] = "sentence"  # mask the located text or its whole sentence
-    max_length_ratio: float | None = 2.0  # drop privileged responses longer than this x the natural mean
+    max_length_ratio: float | None = None  # drop privileged responses longer than this x the natural mean
 
 
 @dataclass
@@ -71,7 +71,7 @@ class GateCfg:
     """Adaptive guidance gating (rise_nemo.core.guidance.FailureGate): hint only feedback criteria whose
     EMA failure share over the prompt's visits is >= threshold; prompts with none get no privileged rollouts."""
 
-    enabled: bool = True
+    enabled: bool = False
     ema: float = 0.5  # weight of the previous value; 0 = the current group's failure share only
     threshold: float = 0.75
 
@@ -85,10 +85,11 @@ class RiseCfg:
     privileged_group_size: int | None = None  # G' privileged responses per prompt; None -> grpo.group_size
     schedule: ScheduleCfg = field(default_factory=ScheduleCfg)
     # true = the paper's setting: every option below off (retention = eq. 8 only, no gate, paper hints).
+    # The options default to off too: on the embedded bench none improved the final reward (README).
     paper_faithful: bool = False
     retention: RetentionCfg = field(default_factory=RetentionCfg)
     gate: GateCfg = field(default_factory=GateCfg)
-    hints: Literal["paper", "length_neutral"] = "length_neutral"  # guidance templates (rise_nemo.core.prompts)
+    hints: Literal["paper", "length_neutral"] = "paper"  # guidance templates (rise_nemo.core.prompts)
 
 
 @dataclass
