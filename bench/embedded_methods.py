@@ -8,7 +8,10 @@ and after the guidance switch in ONE process by interleaving the two methods' st
 for both), and ends with
 
     RESULT auc_ratio=<RISE/Rubric, worst seed> reward_gain=<RISE-Rubric final reward, worst seed> seeds=<n>
-           step_ratio_guided=<x> step_ratio_after=<x>
+           step_ratio_guided=<x> step_ratio_after=<x> negative_gap=<RISE-Rubric final negative rate, worst seed>
+
+Rows ``rise_paper`` and ``rise+<option>`` are the issue-13 ablations (see VARIANTS); ``rise`` is RISE-RL
+with the project's defaults, the method the RESULT line reports.
 
 Usage: python bench/embedded_methods.py [--steps 24] [--eval-every 2] [--seeds 0 1 2] [--out DIR]
 The warm start is shared by all runs (cached under data.warm_start_cache); seeds change the sampling
@@ -29,10 +32,22 @@ sys.path.insert(0, str(REPO))
 
 RECIPES = {
     "rubric_rl": "rubric_rl_tiny_cpu.yaml",
-    "rise": "rise_tiny_cpu.yaml",
+    "rise": "rise_tiny_cpu.yaml",  # RISE-RL with the project's defaults (the RESULT line's method)
     "coupled": "coupled_tiny_cpu.yaml",
     "uniform": "uniform_tiny_cpu.yaml",
     "ruscarl": "ruscarl_tiny_cpu.yaml",
+}
+# Issue-13 ablations: RISE-RL as published (rise.paper_faithful) and the paper plus ONE of our extensions
+# (rise_nemo.core.guidance) each; every row spells all options so it does not depend on the defaults.
+_PAPER = ["rise.paper_faithful=false", "rise.retention.no_regression=none", "rise.retention.mask_penalised_spans=false",
+          "rise.retention.max_length_ratio=null", "rise.gate.enabled=false", "rise.hints=paper"]
+VARIANTS = {
+    "rise_paper": ("rise", ["rise.paper_faithful=true"]),
+    "rise+noreg_hard": ("rise", [*_PAPER, "rise.retention.no_regression=hard"]),
+    "rise+noreg_soft": ("rise", [*_PAPER, "rise.retention.no_regression=soft"]),
+    "rise+mask": ("rise", [*_PAPER, "rise.retention.mask_penalised_spans=true"]),
+    "rise+gate": ("rise", [*_PAPER, "rise.gate.enabled=true"]),
+    "rise+length": ("rise", [*_PAPER, "rise.retention.max_length_ratio=1.5", "rise.hints=length_neutral"]),
 }
 
 
@@ -42,10 +57,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=2)
     p.add_argument("--switch-step", type=int, default=12, help="guidance removal step (eq. 13, fixed)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--methods", nargs="+", default=["rubric_rl", "rise", "coupled", "uniform"],
-                   choices=sorted(RECIPES))
-    p.add_argument("--timing-steps", type=int, default=8, help="interleaved steps per phase for the step-time ratio")
+    p.add_argument("--methods", nargs="+", default=["rubric_rl", "rise", "coupled", "uniform", *VARIANTS],
+                   choices=sorted([*RECIPES, *VARIANTS]))
+    p.add_argument("--timing-steps", type=int, default=8,
+                   help="interleaved steps per phase for the step-time ratio (0 = skip the timing)")
     p.add_argument("--out", default="/tmp/rise_bench_embedded")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (1 when several benches share the cores)")
     p.add_argument("overrides", nargs="*", help="extra recipe overrides for every run (key=value)")
     return p.parse_args()
 
@@ -53,9 +70,10 @@ def parse_args() -> argparse.Namespace:
 def config(method: str, seed: int, run_dir: Path, args, extra=()):
     from rise_nemo.config import load_config
 
-    return load_config(REPO / "recipes" / RECIPES[method], [
+    recipe, variant = VARIANTS.get(method, (method, []))
+    return load_config(REPO / "recipes" / RECIPES[recipe], [*variant,
         f"run.seed={seed}", f"run.dir={run_dir}", f"train.steps={args.steps}", "train.checkpoint_every=0",
-        f"eval.every={args.eval_every}", "train.progress=false", f"rise.schedule.switch_step={args.switch_step}",
+        f"eval.every={args.eval_every}", "train.progress=false", f"local.num_threads={args.threads}", f"rise.schedule.switch_step={args.switch_step}",
         *args.overrides, *extra,
     ])
 
@@ -106,7 +124,7 @@ def main() -> int:
     args = parse_args()
     import torch
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     results = []
     for seed in args.seeds:
@@ -118,33 +136,45 @@ def main() -> int:
                   f"negative rate {r['negative_rate']:.4f}  ({r['wall_s']:.0f} s)\n    coverage {curve}", flush=True)
     (Path(args.out) / "results.json").write_text(json.dumps(results, indent=1))
 
-    print("\nper seed: RISE-RL vs Rubric-RL")
-    ratios, gains = [], []
     by = {(r["method"], r["seed"]): r for r in results}
+    print("\nper seed: each method vs Rubric-RL (AUC ratio / final reward gain / negative rate, method vs Rubric)")
+    for method in args.methods:
+        if method == "rubric_rl":
+            continue
+        for seed in args.seeds:
+            row, rub = by.get((method, seed)), by.get(("rubric_rl", seed))
+            if row is None or rub is None:
+                continue
+            ratio = row["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf")
+            print(f"  {method:<16} seed {seed}: AUC ratio {ratio:.3f}  reward gain "
+                  f"{row['final_reward'] - rub['final_reward']:+.4f}  negative rate {row['negative_rate']:.4f} "
+                  f"vs {rub['negative_rate']:.4f}")
+    ratios, gains, neg_gaps = [], [], []
     for seed in args.seeds:
         rise, rub = by.get(("rise", seed)), by.get(("rubric_rl", seed))
         if rise is None or rub is None:
             continue
-        ratio = rise["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf")
-        gain = rise["final_reward"] - rub["final_reward"]
-        ratios.append(ratio)
-        gains.append(gain)
-        print(f"  seed {seed}: AUC ratio {ratio:.3f}  reward gain {gain:+.4f}  negative rate "
-              f"RISE {rise['negative_rate']:.4f} vs Rubric {rub['negative_rate']:.4f}")
+        ratios.append(rise["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf"))
+        gains.append(rise["final_reward"] - rub["final_reward"])
+        neg_gaps.append(rise["negative_rate"] - rub["negative_rate"])
     for method in args.methods:
         rows = [r for r in results if r["method"] == method]
-        print(f"  mean over seeds {method:<10} AUC {statistics.mean(r['auc'] for r in rows):.4f}  final reward "
+        print(f"  mean over seeds {method:<16} AUC {statistics.mean(r['auc'] for r in rows):.4f}  final reward "
               f"{statistics.mean(r['final_reward'] for r in rows):.4f}  negative rate "
               f"{statistics.mean(r['negative_rate'] for r in rows):.4f}")
 
-    guided, after, times = step_time_ratios(args)
-    print(f"\nstep time (median, interleaved in one process): guided phase RISE/Rubric {guided:.3f}, "
-          f"after the switch {after:.3f}")
-    (Path(args.out) / "timing.json").write_text(json.dumps(times))
+    guided = after = float("nan")
+    if args.timing_steps > 0:
+        guided, after, times = step_time_ratios(args)
+        print(f"\nstep time (median, interleaved in one process): guided phase RISE/Rubric {guided:.3f}, "
+              f"after the switch {after:.3f}")
+        (Path(args.out) / "timing.json").write_text(json.dumps(times))
     worst_ratio = min(ratios) if ratios else float("nan")
     worst_gain = min(gains) if gains else float("nan")
+    worst_neg = max(neg_gaps) if neg_gaps else float("nan")
+    # negative_gap: RISE-RL's final negative-criterion rate minus Rubric-RL's, worst seed (target <= 0)
     print(f"RESULT auc_ratio={worst_ratio:.3f} reward_gain={worst_gain:+.4f} seeds={len(ratios)} "
-          f"step_ratio_guided={guided:.3f} step_ratio_after={after:.3f}")
+          f"step_ratio_guided={guided:.3f} step_ratio_after={after:.3f} negative_gap={worst_neg:+.4f}")
     return 0
 
 

@@ -164,6 +164,19 @@ class Judge(Protocol):
 
 
 @runtime_checkable
+class SpanLocatingJudge(Protocol):
+    """Optional extension of ``Judge`` (a judge without it still works; nothing is masked then).
+
+    ``locate_spans(request, k)``: character spans [start, end) of ``request.response`` holding the text
+    that makes criterion k "met" (for a negative criterion: the penalised text). ``[]`` when the judge
+    cannot locate it (a length criterion, an absent quote). Used to mask penalised text out of the
+    guide loss (rise_nemo.core.guidance).
+    """
+
+    def locate_spans(self, request: JudgeRequest, criterion: int) -> list[tuple[int, int]]: ...
+
+
+@runtime_checkable
 class Verifier(Protocol):
     """Sparse correctness of final answers (the reward of sparse GRPO / PPO / RRL, and pass@k)."""
 

@@ -57,6 +57,28 @@ class ScheduleCfg:
 
 
 @dataclass
+class RetentionCfg:
+    """Which kept privileged responses the guide loss imitates, and how (rise_nemo.core.guidance; our
+    extensions of eq. 8, off when ``rise.paper_faithful``)."""
+
+    no_regression: Literal["none", "hard", "soft"] = "none"  # drop / down-weight responses failing a protected criterion
+    keep_threshold: float = 0.5  # share of valid natural responses satisfying a criterion that protects it
+    mask_penalised_spans: bool = False  # mask text the judge locates for a met negative criterion
+    span_unit: Literal["match", "sentence"] = "sentence"  # mask the located text or its whole sentence
+    max_length_ratio: float | None = None  # drop privileged responses longer than this x the natural mean
+
+
+@dataclass
+class GateCfg:
+    """Adaptive guidance gating (rise_nemo.core.guidance.FailureGate): hint only feedback criteria whose
+    EMA failure share over the prompt's visits is >= threshold; prompts with none get no privileged rollouts."""
+
+    enabled: bool = False
+    ema: float = 0.5  # weight of the previous value; 0 = the current group's failure share only
+    threshold: float = 0.75
+
+
+@dataclass
 class RiseCfg:
     lambda_guide: float = 0.2  # lambda_0 of eq. 12 (paper 0.05; a tiny model needs ~0.2, docs/DESIGN.md §2)
     gamma: float = 0.1  # policy-support constant of eqs. 9-10
@@ -64,6 +86,12 @@ class RiseCfg:
     top_m: int | None = 5  # M of eq. 5; None = every failed criterion
     privileged_group_size: int | None = None  # G' privileged responses per prompt; None -> grpo.group_size
     schedule: ScheduleCfg = field(default_factory=ScheduleCfg)
+    # true = the paper's setting: every option below off (retention = eq. 8 only, no gate, paper hints).
+    # The options default to off too: on the embedded bench none improved the final reward (README).
+    paper_faithful: bool = False
+    retention: RetentionCfg = field(default_factory=RetentionCfg)
+    gate: GateCfg = field(default_factory=GateCfg)
+    hints: Literal["paper", "length_neutral"] = "paper"  # guidance templates (rise_nemo.core.prompts)
 
 
 @dataclass
@@ -162,6 +190,10 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "rise.a_max": (lambda v: v > 0, "> 0"),
     "rise.top_m": (lambda v: v is None or v >= 1, ">= 1 or null"),
     "rise.privileged_group_size": (lambda v: v is None or v >= 1, ">= 1 or null"),
+    "rise.retention.keep_threshold": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "rise.retention.max_length_ratio": (lambda v: v is None or v > 0, "> 0 or null"),
+    "rise.gate.ema": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "rise.gate.threshold": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "rise.schedule.switch_step": (lambda v: v >= 0, ">= 0"),
     "rise.schedule.ema": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "rise.schedule.patience": (lambda v: v >= 1, ">= 1"),

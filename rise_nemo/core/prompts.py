@@ -14,6 +14,8 @@ from rise_nemo.core.rubric import Conversation, Criterion
 
 __all__ = [
     "GUIDANCE_TEMPLATES",
+    "LENGTH_NEUTRAL_TEMPLATES",
+    "hint_templates",
     "format_hint",
     "build_privileged_prompt",
     "ruscarl_num_scaffold",
@@ -29,6 +31,26 @@ GUIDANCE_TEMPLATES: tuple[str, ...] = (
     "Keep these requirements in mind as you write your response: {hint}.",
     "Some guidance for a complete answer: {hint}. Address these naturally in your reply.",
 )
+
+# Length-neutral variants (our extension, issue 13): the same requests plus a closing ask to stay short, so
+# hinted responses are not systematically longer than natural ones (the per-response length check is in
+# rise_nemo.core.guidance). Worded with the demo tokenizer's existing vocabulary, so no word is unknown.
+LENGTH_NEUTRAL_TEMPLATES: tuple[str, ...] = (
+    "While answering, make sure your response does the following: {hint}. Keep it short.",
+    "A strong answer here should cover these points: {hint}. Use few words.",
+    "Before you reply, note what a reviewer will look for in your answer: {hint}. A short answer is good.",
+    "Keep these requirements in mind as you write your response: {hint}. Keep your answer short.",
+    "Some guidance for a complete answer: {hint}. Keep your reply short.",
+)
+
+
+def hint_templates(style: str) -> tuple[str, ...]:
+    """The template set of ``rise.hints``: ``paper`` (GUIDANCE_TEMPLATES) or ``length_neutral``."""
+    sets = {"paper": GUIDANCE_TEMPLATES, "length_neutral": LENGTH_NEUTRAL_TEMPLATES}
+    if style not in sets:
+        raise ValueError(f"config key 'rise.hints': unknown template set {style!r}; expected one of {sorted(sets)}")
+    return sets[style]
+
 
 _AVOID_PREFIX = "avoid the following: "
 
@@ -65,9 +87,10 @@ def _copy_conversation(messages: Conversation) -> list[dict]:
 
 
 def build_privileged_prompt(
-    messages: Conversation, criteria: Sequence[Criterion], rng: random.Random
+    messages: Conversation, criteria: Sequence[Criterion], rng: random.Random,
+    templates: Sequence[str] = GUIDANCE_TEMPLATES,
 ) -> list[dict]:
-    """Eq. 6, q_priv = q (+) C_fb(q): one of GUIDANCE_TEMPLATES, chosen with ``rng``, filled with the hint
+    """Eq. 6, q_priv = q (+) C_fb(q): one of ``templates``, chosen with ``rng``, filled with the hint
     and appended (after a blank line) to the FINAL user message; every other message stays verbatim.
 
     Raises ValueError if the conversation is empty or its last message is not the user's.
@@ -80,7 +103,7 @@ def build_privileged_prompt(
             f"build_privileged_prompt: the last message must be the user's, got role {out[-1]['role']!r} "
             f"(message {len(out) - 1})"
         )
-    template = GUIDANCE_TEMPLATES[rng.randrange(len(GUIDANCE_TEMPLATES))]
+    template = templates[rng.randrange(len(templates))]
     # str.replace, not str.format: criterion texts may contain braces.
     suffix = template.replace("{hint}", format_hint(criteria))
     out[-1]["content"] = f"{out[-1]['content']}\n\n{suffix}"

@@ -12,6 +12,9 @@ verdict. Regexes are compiled once per distinct rubric and cached (``stats.cache
 A criterion without a check, or a regex that does not compile, raises RuleJudgeError naming the prompt
 and the criterion. Verdicts are never ``None``: a rule either matches or not.
 
+``locate_spans(request, k)`` (interfaces.SpanLocatingJudge) returns where a ``regex`` / ``contains``
+check matches in the response (every occurrence); the other kinds have no span ([]).
+
 Usage::
 
     judge = RuleJudge()
@@ -72,6 +75,18 @@ class RuleJudge:
         checks = [_compile(c, k, prompt_id) for k, c in enumerate(rubric.criteria)]
         self._compiled[rubric] = checks
         return checks
+
+    def locate_spans(self, request: JudgeRequest, criterion: int) -> list[tuple[int, int]]:
+        check = request.rubric.criteria[criterion].check
+        if check is None or check.kind not in ("regex", "contains"):
+            return []
+        pattern = check.value if check.kind == "regex" else re.escape(check.value)
+        try:
+            found = re.finditer(pattern, request.response, re.IGNORECASE)
+            return [(m.start(), m.end()) for m in found if m.end() > m.start()]
+        except re.error as exc:
+            raise RuleJudgeError(f"prompt {request.prompt_id or '<unnamed>'}: criterion {criterion}: "
+                                 f"invalid regex {check.value!r}: {exc}") from exc
 
     def judge(self, requests: Sequence[JudgeRequest]) -> list[list[Verdict]]:
         out: list[list[Verdict]] = []

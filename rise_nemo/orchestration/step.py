@@ -29,10 +29,22 @@ from rise_nemo.core.advantages import (
     coupled_group_advantages,
     group_advantages,
     reference_advantages,
-    retained,
+)
+from rise_nemo.core.guidance import (
+    FailureGate,
+    GuidanceOptions,
+    length_ok,
+    no_regression_retention,
+    sentence_span,
+    token_span_mask,
 )
 from rise_nemo.core.losses import ObjectiveConfig, overlong_penalty, rise_objective
-from rise_nemo.core.prompts import build_privileged_prompt, build_ruscarl_prompt, ruscarl_num_scaffold
+from rise_nemo.core.prompts import (
+    build_privileged_prompt,
+    build_ruscarl_prompt,
+    hint_templates,
+    ruscarl_num_scaffold,
+)
 from rise_nemo.core.rewards import criterion_priority, failure_matrix, rubric_reward, select_feedback
 from rise_nemo.core.rubric import Criterion, RubricPrompt
 from rise_nemo.core.schedule import reward_gap
@@ -82,6 +94,23 @@ class MethodSpec:
         return specs[method]
 
 
+def guidance_options(cfg: Any) -> GuidanceOptions:
+    """The issue-13 extensions from ``rise.retention`` / ``rise.gate`` (all off when rise.paper_faithful)."""
+    rise = cfg.rise
+    r, g = rise.retention, rise.gate
+    opts = GuidanceOptions(
+        no_regression=str(r.no_regression), keep_threshold=float(r.keep_threshold),
+        mask_penalised_spans=bool(r.mask_penalised_spans), span_unit=str(r.span_unit),
+        max_length_ratio=None if r.max_length_ratio is None else float(r.max_length_ratio),
+        gate=bool(g.enabled), gate_ema=float(g.ema), gate_threshold=float(g.threshold),
+    )
+    return opts.with_paper(bool(rise.paper_faithful))
+
+
+def hint_style(cfg: Any) -> str:
+    return "paper" if bool(cfg.rise.paper_faithful) else str(cfg.rise.hints)
+
+
 @dataclass
 class StepContext:
     """Everything a step needs; built once by the trainer."""
@@ -98,6 +127,14 @@ class StepContext:
     samples_per_step: int = 0  # rollouts per kind recorded in ``last_samples`` (samples.jsonl); 0 = none
     last_samples: list[dict[str, Any]] = field(default_factory=list)
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
+    options: GuidanceOptions | None = None  # None -> from cfg.rise (guidance_options)
+    gate: FailureGate | None = None  # adaptive gating state (checkpointed by the trainer)
+
+    def __post_init__(self) -> None:
+        if self.options is None:
+            self.options = guidance_options(self.cfg)
+        if self.gate is None and self.options.gate:
+            self.gate = FailureGate(self.options.gate_ema, self.options.gate_threshold)
 
     def original_prompt_ids(self, prompt: RubricPrompt) -> list[int]:
         key = prompt.prompt_id
@@ -131,6 +168,7 @@ class TrainSample:
     # serve as the PPO reference (core.logprobs.ppo_reference_logprobs).
     sampled_under_train_prompt: bool
     source: tuple[bool, int, int] | None = None  # (privileged?, group row, index in group): samples.jsonl
+    loss_mask: list[int] | None = None  # per response token, 0 = excluded from the loss (masked penalised span)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -147,21 +185,26 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
     nat_adv = group_advantages(nat.rewards, eps=ctx.cfg.grpo.eps, valid=nat.valid)  # eq. 1, [N, G]
     t_natural = time.perf_counter()
 
-    priv, targets = None, []
+    priv, targets, guide_gate_stats = None, [], {}
     if guided_phase:
-        feedback = [feedback_criteria(p, v, nat.valid[i], ctx.cfg.rise.top_m) for i, (p, v) in
+        feedback = [feedback_indices(p, v, nat.valid[i], ctx.cfg.rise.top_m) for i, (p, v) in
                     enumerate(zip(prompts, nat.verdicts))]  # eqs. 4-5
+        if ctx.gate is not None:
+            feedback, guide_gate_stats = gate_feedback(ctx, prompts, nat, feedback)
+        feedback = [[p.rubric.criteria[k] for k in ks] for p, ks in zip(prompts, feedback)]
         targets = [i for i, crit in enumerate(feedback) if crit]
         priv = sample_privileged(ctx, prompts, feedback, targets, step)  # eq. 6, judged on the ORIGINAL rubric
     t_priv = time.perf_counter()
 
     samples = natural_samples(ctx, prompts, natural, nat, nat_adv)
-    guide_stats: dict[str, Any] = {}
+    guide_stats: dict[str, Any] = dict(guide_gate_stats)
     if priv is not None and targets:
         if ctx.spec.coupled:
-            samples, guide_stats = coupled_samples(ctx, prompts, natural, nat, priv, targets)
+            samples, coupled_stats = coupled_samples(ctx, prompts, natural, nat, priv, targets)
+            guide_stats.update(coupled_stats)
         else:
-            guided, guide_stats = guided_samples(ctx, prompts, nat, priv, targets)  # eqs. 7-8
+            guided, retention_stats = guided_samples(ctx, prompts, nat, priv, targets)  # eqs. 7-8 (+ ours)
+            guide_stats.update(retention_stats)
             samples += guided
 
     if ctx.samples_per_step:
@@ -259,18 +302,54 @@ def judge_groups(
     return out
 
 
+def feedback_indices(
+    prompt: RubricPrompt, verdicts: list[list[Verdict]], valid: torch.Tensor, top_m: int | None
+) -> list[int]:
+    """Eqs. 4-5 over the valid natural responses: rubric indices of the TopM repeatedly failed criteria
+    (may be empty), highest priority first."""
+    z = valid_verdicts(verdicts, valid)
+    if z.shape[0] == 0:
+        return []
+    weights = prompt.rubric.weights
+    failures = failure_matrix(z, weights).sum(0)  # f_k, [K]
+    return list(select_feedback(criterion_priority(z, weights), failures, top_m))
+
+
 def feedback_criteria(
     prompt: RubricPrompt, verdicts: list[list[Verdict]], valid: torch.Tensor, top_m: int | None
 ) -> list[Criterion]:
-    """Eqs. 4-5 over the valid natural responses: the TopM repeatedly failed criteria (may be empty)."""
+    """Eqs. 4-5 as criteria (see feedback_indices)."""
+    return [prompt.rubric.criteria[k] for k in feedback_indices(prompt, verdicts, valid, top_m)]
+
+
+def valid_verdicts(verdicts: Sequence[Sequence[Verdict]], valid: torch.Tensor) -> torch.Tensor:
+    """bool [G_valid, K] of the valid responses' verdicts (unknown verdicts only occur in invalid rows)."""
     rows = [[bool(v) for v in verdicts[j]] for j in range(len(verdicts)) if bool(valid[j])]
-    if not rows:
-        return []
-    z = torch.tensor(rows, dtype=torch.bool)  # [G_valid, K]
-    weights = prompt.rubric.weights
-    failures = failure_matrix(z, weights).sum(0)  # f_k, [K]
-    chosen = select_feedback(criterion_priority(z, weights), failures, top_m)
-    return [prompt.rubric.criteria[k] for k in chosen]
+    return torch.tensor(rows, dtype=torch.bool) if rows else torch.zeros(0, 0, dtype=torch.bool)
+
+
+def verdict_matrix(verdicts: Sequence[Sequence[Verdict]]) -> torch.Tensor:
+    """bool [G, K]; unknown verdicts read as False (their rows are excluded through the valid mask)."""
+    return torch.tensor([[bool(v) for v in row] for row in verdicts], dtype=torch.bool)
+
+
+def gate_feedback(
+    ctx: StepContext, prompts: Sequence[RubricPrompt], nat: Scored, feedback: list[list[int]]
+) -> tuple[list[list[int]], dict[str, Any]]:
+    """Adaptive gating (core.guidance.FailureGate): fold this visit's per-criterion failure shares into
+    each prompt's EMA and keep only the feedback criteria whose EMA passes the threshold."""
+    out, gated_out = [], 0
+    for i, (prompt, chosen) in enumerate(zip(prompts, feedback)):
+        z = valid_verdicts(nat.verdicts[i], nat.valid[i])
+        if z.shape[0] == 0:
+            out.append([])
+            continue
+        share = failure_matrix(z, prompt.rubric.weights).float().mean(0)  # [K]
+        ema = ctx.gate.update(prompt.prompt_id, share.tolist())
+        kept = ctx.gate.passes(ema, chosen)
+        gated_out += bool(chosen) and not kept
+        out.append(kept)
+    return out, {"guidance/gated_out_prompts": gated_out}
 
 
 def sample_privileged(
@@ -280,7 +359,8 @@ def sample_privileged(
     if not targets:
         return None
     g_priv = int(ctx.cfg.rise.privileged_group_size or ctx.cfg.grpo.group_size)
-    hinted = [build_privileged_prompt(list(prompts[i].messages), feedback[i], ctx.rng) for i in targets]
+    templates = hint_templates(hint_style(ctx.cfg))
+    hinted = [build_privileged_prompt(list(prompts[i].messages), feedback[i], ctx.rng, templates) for i in targets]
     rollouts = ctx.generator.generate(hinted, g_priv, sampling_params(ctx.cfg, step, STREAM_PRIVILEGED))
     return judge_and_score(ctx, [prompts[i] for i in targets], rollouts)
 
@@ -304,24 +384,112 @@ def natural_samples(
 def guided_samples(
     ctx: StepContext, prompts: Sequence[RubricPrompt], nat: Scored, priv: Scored, targets: list[int]
 ) -> tuple[list[TrainSample], dict[str, Any]]:
-    """Kind-1 rows: privileged responses with A_ref > 0 (eqs. 7-8), spliced onto the ORIGINAL prompt."""
+    """Kind-1 rows: privileged responses with A_ref > 0 (eqs. 7-8), spliced onto the ORIGINAL prompt,
+    filtered by our retention rules (core.guidance: no-regression, penalised-span masks, length check)."""
+    opts = ctx.options
     a_ref = reference_advantages(priv.rewards, nat.rewards[targets], nat.valid[targets])  # [N', G']
-    keep = retained(a_ref) & priv.valid  # [N', G']
-    out = []
+    out: list[TrainSample] = []
+    dropped_by: dict[str, int] = {}
+    counts = {"no_regression": 0, "length": 0, "masked_responses": 0, "masked_tokens": 0, "fully_masked": 0}
+    nat_len, priv_len, kept_len = [], [], []
     for t, i in enumerate(targets):
-        for j, r in enumerate(priv.rollouts[t]):
-            if bool(keep[t, j]):
-                # Sampling log-probs were taken under the hinted prompt: meaningless under the original one.
-                out.append(TrainSample(ctx.original_prompt_ids(prompts[i]), list(r.response_token_ids),
-                                       KIND_GUIDED, float(a_ref[t, j]), [0.0] * len(r.response_token_ids),
-                                       sampled_under_train_prompt=False, source=(True, t, j)))
+        prompt, rollouts = prompts[i], priv.rollouts[t]
+        weights = prompt.rubric.weights
+        priv_z = verdict_matrix(priv.verdicts[t])  # [G', K]
+        masks, excused = penalised_span_masks(ctx, prompt, rollouts, priv_z, a_ref[t] > 0)
+        keep, scale, failed = no_regression_retention(
+            a_ref[t], priv_z, priv.valid[t], verdict_matrix(nat.verdicts[i]), nat.valid[i], weights,
+            opts.no_regression, opts.keep_threshold, excused)
+        if opts.no_regression == "hard":
+            counts["no_regression"] += int(failed.any(1).sum())
+        for k in failed.any(0).nonzero().flatten().tolist():
+            dropped_by[prompt.rubric.criteria[k].text] = dropped_by.get(prompt.rubric.criteria[k].text, 0) + int(failed[:, k].sum())
+        lengths = [len(r.response_token_ids) for r in rollouts]
+        natural = [len(r.response_token_ids) for j, r in enumerate(nat.rollouts[i]) if bool(nat.valid[i, j])]
+        short_enough = length_ok(lengths, natural, opts.max_length_ratio)
+        counts["length"] += sum(1 for j, ok in enumerate(short_enough) if bool(keep[j]) and not ok)
+        nat_len += natural
+        priv_len += [n for j, n in enumerate(lengths) if bool(priv.valid[t, j])]
+        for j, r in enumerate(rollouts):
+            if not (bool(keep[j]) and short_enough[j]):
+                continue
+            mask = masks.get(j)
+            if mask is not None and not any(mask):
+                counts["fully_masked"] += 1  # nothing left to imitate (e.g. one unpunctuated sentence)
+                continue
+            if mask is not None:
+                counts["masked_responses"] += 1
+                counts["masked_tokens"] += mask.count(0)
+            kept_len.append(lengths[j])
+            # Sampling log-probs were taken under the hinted prompt: meaningless under the original one.
+            out.append(TrainSample(ctx.original_prompt_ids(prompt), list(r.response_token_ids), KIND_GUIDED,
+                                   float(a_ref[t, j] * scale[j]), [0.0] * len(r.response_token_ids),
+                                   sampled_under_train_prompt=False, source=(True, t, j), loss_mask=mask))
     valid_refs = a_ref[priv.valid]
+    mean = statistics_mean
     stats = {
         "guidance/retained": len(out),
         "guidance/retained_frac": len(out) / max(1, int(priv.valid.sum())),
         "guidance/a_ref_mean": float(valid_refs.mean()) if valid_refs.numel() else None,
+        "guidance/guided_prompts": len(targets),
+        "guidance/dropped_no_regression": counts["no_regression"],
+        "guidance/dropped_length": counts["length"],
+        "guidance/masked_responses": counts["masked_responses"],
+        "guidance/masked_tokens": counts["masked_tokens"],
+        "guidance/dropped_fully_masked": counts["fully_masked"],
+        # hinted / natural mean response length (tokens) over the guided prompts; and of the retained ones
+        "guidance/length_ratio": _ratio(mean(priv_len), mean(nat_len)),
+        "guidance/length_ratio_retained": _ratio(mean(kept_len), mean(nat_len)),
     }
+    if dropped_by:
+        # {criterion text: privileged responses failing it while most natural ones satisfy it}
+        stats["guidance/no_regression_by_criterion"] = dict(sorted(dropped_by.items()))
     return out, stats
+
+
+def statistics_mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else num / den
+
+
+def penalised_span_masks(
+    ctx: StepContext, prompt: RubricPrompt, rollouts: Sequence[Rollout], priv_z: torch.Tensor, candidates: torch.Tensor
+) -> tuple[dict[int, list[int]], torch.Tensor]:
+    """Token masks excluding the text of met negative criteria from the guide loss (core.guidance).
+
+    Only for responses eq. 8 could keep (``candidates`` bool [G']), and only where the judge implements
+    interfaces.SpanLocatingJudge and the generator can decode (``decode_response``); otherwise nothing
+    is masked. Returns ({response index: per-token mask}, excused bool [G', K]: met negative criteria
+    whose text was located and masked).
+    """
+    excused = torch.zeros_like(priv_z)
+    locate = getattr(ctx.judge, "locate_spans", None)
+    decode = getattr(ctx.generator, "decode_response", None)
+    if not ctx.options.mask_penalised_spans or locate is None or decode is None:
+        return {}, excused
+    negative = [k for k, c in enumerate(prompt.rubric.criteria) if c.is_negative]
+    masks: dict[int, list[int]] = {}
+    for j, r in enumerate(rollouts):
+        if not bool(candidates[j]):
+            continue
+        spans = []
+        request = JudgeRequest(list(prompt.messages), r.response_text, prompt.rubric, prompt.prompt_id)
+        for k in negative:
+            if not bool(priv_z[j, k]):
+                continue
+            found = locate(request, k)
+            if ctx.options.span_unit == "sentence":
+                found = [sentence_span(r.response_text, a, b) for a, b in found]
+            if found:
+                excused[j, k] = True
+                spans += found
+        if spans:
+            ids = list(r.response_token_ids)
+            masks[j] = token_span_mask(len(ids), lambda n, ids=ids: len(decode(ids[:n])), spans)
+    return masks, excused
 
 
 def coupled_samples(
@@ -359,7 +527,7 @@ def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, to
     for row, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
         input_ids[row, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
-        token_mask[row, p : p + r] = 1.0
+        token_mask[row, p : p + r] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask[:r], dtype=torch.float32)
         gen_lp[row, p : p + r] = torch.tensor(s.generation_logprobs[:r] + [0.0] * (r - len(s.generation_logprobs)))
     kind = torch.tensor([s.kind for s in samples], dtype=torch.long)  # [B]
     natural_tokens = float(token_mask[kind == KIND_NATURAL].sum())

@@ -169,6 +169,7 @@ class Trainer:
             },
             "data": self.sampler.state_dict(),
             "schedule": self.ctx.schedule.state_dict(),
+            "gate": self.ctx.gate.state_dict() if self.ctx.gate is not None else None,  # adaptive guidance gating
             "method": str(self.cfg.method),
         }
 
@@ -198,6 +199,8 @@ class Trainer:
         self.ctx.rng.setstate(rng["step_rng"])
         self.sampler.load_state_dict(state["data"])
         self.ctx.schedule.load_state_dict(state["schedule"])
+        if self.ctx.gate is not None and state.get("gate") is not None:
+            self.ctx.gate.load_state_dict(state["gate"])
         dropped = truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
         truncate_metrics(self.run_dir / "samples.jsonl", self.step)
         restarts = os.environ.get("SLURM_RESTART_COUNT")

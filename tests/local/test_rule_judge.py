@@ -90,3 +90,16 @@ def test_real_healthbench_rubric(healthbench_path):
     for k, w in enumerate(words):
         assert verdicts[k] == (w.lower() in response.lower())
     assert verdicts[0] is True
+
+
+def test_locate_spans_finds_contains_and_regex_matches_and_nothing_for_word_counts():
+    from rise_nemo.interfaces import SpanLocatingJudge
+
+    judge = RuleJudge()
+    assert isinstance(judge, SpanLocatingJudge)
+    rubric = _rubric(("contains", "guaranteed"), ("regex", r"\b\d+ minutes\b"), ("max_words", "3"))
+    text = "Success is GUARANTEED . spend 10 minutes a day . it is guaranteed"
+    req = JudgeRequest(CONV, text, rubric, "p")
+    assert [text[a:b] for a, b in judge.locate_spans(req, 0)] == ["GUARANTEED", "guaranteed"]
+    assert [text[a:b] for a, b in judge.locate_spans(req, 1)] == ["10 minutes"]
+    assert judge.locate_spans(req, 2) == []

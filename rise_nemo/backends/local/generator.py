@@ -71,6 +71,10 @@ class LocalGenerator:
         """Response text -> token ids ending with EOS, exactly as a finished generation would be."""
         return self.engine.encode_response(text)
 
+    def decode_response(self, token_ids: Sequence[int]) -> str:
+        """Response token ids -> the text the judge sees (also used to locate token spans)."""
+        return self.engine.tokenizer.decode(list(token_ids), skip_special_tokens=True).strip()
+
     def generate(self, prompts: Sequence[Conversation], n: int, params: SamplingParams) -> list[list[Rollout]]:
         _check_params(params, n)
         if not prompts:
@@ -93,7 +97,7 @@ class LocalGenerator:
                     prompt_messages=[dict(m) for m in prompts[row]],
                     prompt_token_ids=list(prompt_ids[row]),
                     response_token_ids=tokens,
-                    response_text=self.engine.tokenizer.decode(tokens, skip_special_tokens=True).strip(),
+                    response_text=self.decode_response(tokens),
                     sampling_logprobs=logps,
                     finished=finished,
                 )

@@ -134,6 +134,11 @@ class NemoGenerator:
                 )
         return False
 
+    def decode_response(self, token_ids: Sequence[int]) -> str:
+        """Response token ids -> the response text (raw, like the local backend; JudgeRequest applies
+        core's judged_text). Also used to locate token spans."""
+        return self.session.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
     def generate(self, prompts: Sequence[list[dict]], n: int, params: SamplingParams,
                  prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Rollout]]:
         greedy = self._check_params(params)
@@ -147,7 +152,7 @@ class NemoGenerator:
         output = self.session.generation.generate(self.session.to_batched(data), greedy=greedy)
         return rollouts_from_generation(
             output, prompts, prompt_ids, n,
-            decode=lambda ids: self.session.tokenizer.decode(ids, skip_special_tokens=True),
+            decode=self.decode_response,
             eos_token_ids=self.eos_ids, prefixes=prefixes,
         )
 
