@@ -2,7 +2,7 @@
 
 Every block the orchestration reads is declared here with its type and default, so a recipe only states
 what differs from the defaults and a typo (``grpo.grop_size``) is rejected instead of silently ignored.
-Blocks owned by other layers are pass-through mappings: ``optim``, ``nemo`` (NeMo-RL's own config tree, validated by
+Blocks owned by other layers are pass-through mappings: ``nemo`` (NeMo-RL's own config tree, validated by
 ``rise_nemo.backends.nemo``), ``local`` (validated by ``rise_nemo.backends.local``), ``judge`` (validated
 by ``rise_nemo.judges.build_judge``) and ``data.task`` (the generated task's parameters).
 """
@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-METHODS = ("rise", "rubric_rl", "coupled", "uniform", "ruscarl", "opd")
+from rise_nemo.methods import METHOD_NAMES
+
+METHODS = METHOD_NAMES  # the one registry: rise_nemo.methods
 BACKENDS = ("local", "nemo")
 
 
@@ -80,11 +82,25 @@ class RuscarlCfg:
 
 
 @dataclass
+class PpoCfg:
+    """Critic and GAE of the PPO-family reasoning methods (method ppo; docs/DESIGN.md §7). Defaults follow
+    NeMo-RL's ppo_math_1B example (lambda 0.95, gamma 1, whitened advantages, value clip 0.2)."""
+
+    gae_lambda: float = 0.95
+    gae_gamma: float = 1.0
+    normalize_advantages: bool = True  # whiten GAE advantages over the batch's action tokens
+    value_clip: float | None = 0.2  # clip range of the value loss around the critic's old values; null = off
+    critic_lr: float = 1e-4  # local critic's AdamW learning rate (NeMo-RL: the value model's optimizer block)
+    critic_updates: int = 1  # critic optimiser steps per training step
+
+
+@dataclass
 class DataCfg:
     """``source: persistent`` generates the demo task (rise_nemo.data.persistent_task) from ``task``;
-    ``source: jsonl`` reads rubric files with rise_nemo.data.loaders (JSONL or parquet)."""
+    ``source: jsonl`` reads rubric files with rise_nemo.data.loaders (JSONL or parquet); ``source:
+    chain_arithmetic`` generates the embedded reasoning task (rise_nemo.tasks.reasoning) from ``task``."""
 
-    source: Literal["persistent", "jsonl"] = "persistent"
+    source: Literal["persistent", "jsonl", "chain_arithmetic"] = "persistent"
     train_path: str | None = None
     eval_path: str | None = None
     format: Literal["auto", "healthbench", "rubrichub", "rar", "rise"] = "auto"  # rise_nemo.data.loaders
@@ -125,15 +141,14 @@ class EvalCfg:
 class RecipeCfg:
     run: RunCfg = field(default_factory=RunCfg)
     backend: Literal["local", "nemo"] = "local"
-    method: Literal["rise", "rubric_rl", "coupled", "uniform", "ruscarl", "opd"] = "rise"
+    method: Literal[METHOD_NAMES] = "rise"  # rise_nemo.methods.METHODS
     rise: RiseCfg = field(default_factory=RiseCfg)
     grpo: GrpoCfg = field(default_factory=GrpoCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)
     ruscarl: RuscarlCfg = field(default_factory=RuscarlCfg)
+    ppo: PpoCfg = field(default_factory=PpoCfg)
     # Optimiser settings belong to the backend that owns the optimiser: the local backend reads them from
-    # ``local:`` (lr, betas, ...), NeMo-RL from ``nemo.policy.optimizer``. ``optim`` is kept as a
-    # pass-through block for backends that want a shared place.
-    optim: dict[str, Any] = field(default_factory=dict)
+    # ``local:`` (lr, betas, ...), NeMo-RL from ``nemo.policy.optimizer``.
     data: DataCfg = field(default_factory=DataCfg)
     judge: dict[str, Any] = field(default_factory=lambda: {"type": "rule"})
     train: TrainCfg = field(default_factory=TrainCfg)
@@ -161,6 +176,11 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "rise.schedule.min_steps": (lambda v: v >= 0, ">= 0"),
     "rise.schedule.tolerance": (lambda v: v >= 0, ">= 0"),
     "reward.overlong_buffer": (lambda v: v >= 0, ">= 0"),
+    "ppo.gae_lambda": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "ppo.gae_gamma": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "ppo.value_clip": (lambda v: v > 0, "> 0 or null"),
+    "ppo.critic_lr": (lambda v: v > 0, "> 0"),
+    "ppo.critic_updates": (lambda v: v >= 1, ">= 1"),
     "train.steps": (lambda v: v >= 0, ">= 0"),
     "train.checkpoint_every": (lambda v: v >= 0, ">= 0"),
     "train.keep_checkpoints": (lambda v: v >= 0, ">= 0"),

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rise_nemo.backends import build_backend
+from rise_nemo.backends import build_backend, build_critic
 from rise_nemo.judges import build_judge
+from rise_nemo.methods import get_method
 from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.data import load_prompts, warm_start_policy
+from rise_nemo.orchestration.data import load_prompts, reasoning_tools, warm_start_policy
 from rise_nemo.orchestration.trainer import Trainer, resolve_run_dir
 
 
@@ -20,5 +21,12 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
     policy, generator = build_backend(cfg)
     if ckpt.latest_checkpoint(run_dir) is None:
         warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
+    method = get_method(str(cfg.method))
+    if method.family == "reasoning":
+        verifier, step_accuracy = reasoning_tools(cfg)
+        # The critic copies the policy's body AFTER the warm start (a resumed run overwrites it from the checkpoint).
+        critic = build_critic(cfg, policy) if method.critic else None
+        return Trainer(cfg, policy, generator, None, train_prompts, eval_prompts, run_dir=run_dir,
+                       stop_after=stop_after, critic=critic, verifier=verifier, step_accuracy=step_accuracy)
     judge = build_judge(cfg.judge)
     return Trainer(cfg, policy, generator, judge, train_prompts, eval_prompts, run_dir=run_dir, stop_after=stop_after)

@@ -15,7 +15,6 @@ and the judge and decides what happens when.
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 import time
@@ -31,7 +30,7 @@ from rise_nemo.core.advantages import (
     reference_advantages,
     retained,
 )
-from rise_nemo.core.losses import ObjectiveConfig, overlong_penalty, rise_objective
+from rise_nemo.core.losses import ObjectiveConfig, make_policy_loss, overlong_penalty
 from rise_nemo.core.prompts import build_privileged_prompt, build_ruscarl_prompt, ruscarl_num_scaffold
 from rise_nemo.core.rewards import criterion_priority, failure_matrix, rubric_reward, select_feedback
 from rise_nemo.core.rubric import Criterion, RubricPrompt
@@ -65,20 +64,18 @@ class MethodSpec:
 
     @staticmethod
     def from_config(method: str) -> MethodSpec:
-        specs = {
-            "rise": MethodSpec(True, False, False, "policy_support"),
-            "uniform": MethodSpec(True, False, False, "uniform"),
-            "coupled": MethodSpec(True, True, False, "policy_support"),
-            "rubric_rl": MethodSpec(False, False, False, "policy_support"),
-            "ruscarl": MethodSpec(False, False, True, "policy_support"),
-        }
-        if method == "opd":
+        """The RISE-family switches of ``method`` from the one registry (rise_nemo.methods)."""
+        from rise_nemo.methods import get_method
+
+        m = get_method(method)
+        if m.family == "distillation":
             # On-policy distillation trains with a teacher's token distribution, not this loop's rewards.
             raise ValueError("config key 'method': 'opd' (on-policy distillation) runs on NeMo-RL's distillation "
                              "path: `python -m rise_nemo.backends.nemo.distill --config RECIPE`")
-        if method not in specs:
-            raise ValueError(f"config key 'method': unknown method {method!r}; expected one of {sorted(specs)}")
-        return specs[method]
+        if m.family != "rubric":
+            raise ValueError(f"config key 'method': {method!r} is a {m.family} method; its step is "
+                             "rise_nemo.orchestration.reasoning_step")
+        return MethodSpec(m.guidance, m.coupled, m.ruscarl, m.token_weighting)
 
 
 @dataclass
@@ -124,6 +121,7 @@ class TrainSample:
     kind: int
     advantage: float
     generation_logprobs: list[float]
+    given_tokens: int = 0  # leading response tokens that were given (a replayed state): context, not trained
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -345,7 +343,7 @@ def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, to
     for row, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
         input_ids[row, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
-        token_mask[row, p : p + r] = 1.0
+        token_mask[row, p + s.given_tokens : p + r] = 1.0
         gen_lp[row, p : p + r] = torch.tensor(s.generation_logprobs[:r] + [0.0] * (r - len(s.generation_logprobs)))
     kind = torch.tensor([s.kind for s in samples], dtype=torch.long)  # [B]
     natural_tokens = float(token_mask[kind == KIND_NATURAL].sum())
@@ -365,13 +363,19 @@ def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, to
 
 def make_loss_fn(ctx: StepContext, lam: float):
     """Eq. 12 with this step's lambda_guide; a picklable partial (NeMo-RL ships the loss to its workers)."""
-    g = ctx.cfg.grpo
-    cfg = ObjectiveConfig(
+    return make_policy_loss_fn(ctx.cfg, lam, ctx.spec.token_weighting)
+
+
+def make_policy_loss_fn(cfg: Any, lam: float = 0.0, token_weighting: str = "policy_support"):
+    """The recipe's policy loss (core.losses.make_policy_loss): eq. 12 with ``lam``; with lam 0 and per-token
+    advantages, PPO's clipped surrogate. It says whether it needs reference log-probs (KL > 0)."""
+    g = cfg.grpo
+    objective = ObjectiveConfig(
         clip_low=float(g.clip_low), clip_high=float(g.clip_high), kl_coef=float(g.kl_coef),
-        entropy_coef=float(g.entropy_coef), lambda_guide=lam, gamma=float(ctx.cfg.rise.gamma),
-        a_max=float(ctx.cfg.rise.a_max), token_weighting=ctx.spec.token_weighting,
+        entropy_coef=float(g.entropy_coef), lambda_guide=lam, gamma=float(cfg.rise.gamma),
+        a_max=float(cfg.rise.a_max), token_weighting=token_weighting,
     )
-    return functools.partial(rise_objective, cfg=cfg)
+    return make_policy_loss(objective)
 
 
 def guidance_delta(nat: Scored, priv: Scored | None, targets: list[int]) -> float | None:
