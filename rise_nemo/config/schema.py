@@ -133,6 +133,7 @@ class EvalCfg:
     samples_per_prompt: int = 8
     max_prompts: int | None = None
     temperature: float = 1.0
+    top_p: float | None = None  # None -> grpo.top_p
     max_new_tokens: int | None = None  # None -> grpo.max_new_tokens
     persistent_tag: str = "persistent"  # criteria carrying this tag count towards persistent coverage
 
