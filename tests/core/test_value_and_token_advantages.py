@@ -83,7 +83,7 @@ def naive_gae(rewards, values, mask, gamma, lam):
             v_next = values[b, pos[i + 1]] if i + 1 < len(pos) else 0.0
             deltas.append(float(rewards[b, t] + gamma * v_next - values[b, t]))
         for i, t in enumerate(pos):
-            adv[b, t] = sum((gamma * lam) ** l * deltas[i + l] for l in range(len(pos) - i))
+            adv[b, t] = sum((gamma * lam) ** j * deltas[i + j] for j in range(len(pos) - i))
     return adv
 
 
