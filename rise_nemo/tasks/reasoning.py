@@ -1,10 +1,10 @@
 """Chained modular arithmetic: the embedded verifiable reasoning task (docs/DESIGN.md §7).
 
-A problem of difficulty L is a start value and L operations ``add k`` / ``sub k`` (k in 1..operand_max),
-all modulo a prime M (default 97, so a guessed final answer is right ~1% of the time)::
+A problem of difficulty L is a start value and L operations ``add k`` / ``sub k`` (k in 1..operand_max,
+default 5), all modulo a prime M (default 61, so a guessed final answer is right ~1.6% of the time)::
 
-    prompt     mod 97 start 17 add 3 sub 5 add 9
-    reference  step add 3 = 20 step sub 5 = 15 step add 9 = 24 answer 24
+    prompt     mod 61 start 17 add 3 sub 5 add 4
+    reference  step add 3 = 20 step sub 5 = 15 step add 4 = 19 answer 19
 
 Every step is marked by ``step`` and states its operation and its intermediate result, so a response is
 checkable step by step (``step_accuracy``) and RRL can cut the clean reference into canonical states at
@@ -58,9 +58,9 @@ class ChainTaskConfig:
     """``data.task`` keys of the reasoning task (unknown keys raise)."""
 
     seed: int = 0
-    modulus: int = 97  # prime >= 61: a guessed answer is right ~1/modulus of the time
-    max_steps: int = 12  # difficulty levels 1..max_steps
-    operand_max: int = 9  # operands 1..operand_max
+    modulus: int = 61  # prime >= 61: a guessed answer is right ~1/modulus of the time
+    max_steps: int = 10  # difficulty levels 1..max_steps
+    operand_max: int = 5  # operands 1..operand_max
     train_per_level: int = 64  # RL training problems per level
     heldout_per_level: int = 16  # held-out evaluation problems per level (never in the warm start)
     train_levels: tuple[int, ...] | None = None  # levels of the RL training set; None = all
@@ -157,6 +157,14 @@ class ChainTask:
         spec = {"cfg": asdict(self.cfg), "version": TASK_VERSION}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
+    def warm_start_fingerprint(self) -> str:
+        """What the warm start depends on: the instance distribution and the held-out set (not the RL
+        training levels), so recipes that differ only in their RL training set share one cached warm start."""
+        c = self.cfg
+        spec = {"seed": c.seed, "modulus": c.modulus, "max_steps": c.max_steps, "operand_max": c.operand_max,
+                "heldout_per_level": c.heldout_per_level, "version": TASK_VERSION}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
     def sample_sft_chain(self, rng: random.Random, steps: int) -> Chain:
         """A fresh instance of ``steps`` steps that is not held out."""
         while True:
@@ -240,10 +248,10 @@ def step_prefixes(problem: ReasoningProblem) -> list[str]:
 class ReasoningWarmStartConfig:
     """``data.warm_start`` keys of the reasoning task (unknown keys raise)."""
 
-    steps: int = 700
+    steps: int = 800
     batch_size: int = 32
-    lr: float = 3e-3  # peak; decays linearly to 10%
-    noise: float = 0.3  # probability that an SFT target's intermediate result is replaced by a wrong value
+    lr: float = 6e-3  # peak; decays linearly to 10%
+    noise: float = 0.25  # probability that an SFT target's intermediate result is replaced by a wrong value
     seed: int = 0
 
     @classmethod
@@ -287,7 +295,7 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
     from rise_nemo.data.persistent_task import Example, _sft_batch, sft_loss
 
     wcfg = cfg if isinstance(cfg, ReasoningWarmStartConfig) else ReasoningWarmStartConfig.from_mapping(cfg)
-    spec = {"task": task.fingerprint(), "model": policy.engine.fingerprint(), "warm_start": asdict(wcfg)}
+    spec = {"task": task.warm_start_fingerprint(), "model": policy.engine.fingerprint(), "warm_start": asdict(wcfg)}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"reasoning_{key}" if cache_dir is not None else None
     if cache is not None and (cache / "stats.json").exists():

@@ -13,7 +13,7 @@ from rise_nemo.orchestration.step import TrainSample, build_batch
 
 CFG = {"tokenizer": "builtin:reasoning_task", "seed": 0, "lr": 1e-3, "num_threads": 1,
        "tiny": {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16, "intermediate_size": 64}}
-PROMPT = [{"role": "user", "content": "mod 97 start 5 add 3 sub 2"}]
+PROMPT = [{"role": "user", "content": "mod 61 start 5 add 3 sub 2"}]
 
 
 def test_generate_continues_a_given_prefix():
