@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rise_nemo.core.loss_defaults import LOSS_DEFAULTS, LOSS_RULES
 from rise_nemo.methods import METHOD_NAMES
 
 METHODS = METHOD_NAMES  # the one registry: rise_nemo.methods
@@ -32,10 +33,10 @@ class GrpoCfg:
     prompts_per_step: int = 8
     group_size: int = 8  # G natural responses per prompt
     eps: float = 1e-6  # epsilon_A of eq. 1
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
+    clip_low: float = LOSS_DEFAULTS["clip_low"]
+    clip_high: float = LOSS_DEFAULTS["clip_high"]
+    kl_coef: float = LOSS_DEFAULTS["kl_coef"]
+    entropy_coef: float = LOSS_DEFAULTS["entropy_coef"]
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
@@ -58,9 +59,10 @@ class ScheduleCfg:
 
 @dataclass
 class RiseCfg:
-    lambda_guide: float = 0.2  # lambda_0 of eq. 12 (paper 0.05; a tiny model needs ~0.2, DESIGN.md)
-    gamma: float = 0.1  # policy-support constant of eqs. 9-10
-    a_max: float = 1.0  # clip of the trajectory weight A~ (eq. 11)
+    # Loss defaults and rules: rise_nemo.core.loss_defaults (shared with core.losses.ObjectiveConfig).
+    lambda_guide: float = LOSS_DEFAULTS["lambda_guide"]  # lambda_0 of eq. 12 (paper 0.05; tiny recipes use 0.2)
+    gamma: float = LOSS_DEFAULTS["gamma"]  # policy-support constant of eqs. 9-10
+    a_max: float = LOSS_DEFAULTS["a_max"]  # clip of the trajectory weight A~ (eq. 11)
     top_m: int | None = 5  # M of eq. 5; None = every failed criterion
     privileged_group_size: int | None = None  # G' privileged responses per prompt; None -> grpo.group_size
     schedule: ScheduleCfg = field(default_factory=ScheduleCfg)
@@ -166,9 +168,6 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "grpo.max_new_tokens": (lambda v: v >= 1, ">= 1"),
     "grpo.temperature": (lambda v: v > 0, "> 0"),
     "grpo.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "rise.lambda_guide": (lambda v: v >= 0, ">= 0"),
-    "rise.gamma": (lambda v: v > 0, "> 0"),
-    "rise.a_max": (lambda v: v > 0, "> 0"),
     "rise.top_m": (lambda v: v is None or v >= 1, ">= 1 or null"),
     "rise.privileged_group_size": (lambda v: v is None or v >= 1, ">= 1 or null"),
     "rise.schedule.switch_step": (lambda v: v >= 0, ">= 0"),
@@ -187,4 +186,7 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "train.keep_checkpoints": (lambda v: v >= 0, ">= 0"),
     "eval.every": (lambda v: v >= 0, ">= 0"),
     "eval.samples_per_prompt": (lambda v: v >= 1, ">= 1 (the acceptance asks for >= 8)"),
+    # The policy-loss rules, identical to core.losses.ObjectiveConfig's (core.loss_defaults).
+    **{f"{'grpo' if k in ('clip_low', 'clip_high', 'kl_coef', 'entropy_coef') else 'rise'}.{k}": rule
+       for k, rule in LOSS_RULES.items()},
 }

@@ -21,6 +21,7 @@ from typing import Literal
 
 import torch
 
+from rise_nemo.core.loss_defaults import LOSS_DEFAULTS, loss_rule_violations
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL
 
 __all__ = [
@@ -50,13 +51,13 @@ class ObjectiveConfig:
     leaves every gain uncapped unless the rubric reward is rescaled.
     """
 
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    lambda_guide: float = 0.05
-    gamma: float = 0.1
-    a_max: float = 1.0
+    clip_low: float = LOSS_DEFAULTS["clip_low"]
+    clip_high: float = LOSS_DEFAULTS["clip_high"]
+    kl_coef: float = LOSS_DEFAULTS["kl_coef"]
+    entropy_coef: float = LOSS_DEFAULTS["entropy_coef"]
+    lambda_guide: float = LOSS_DEFAULTS["lambda_guide"]
+    gamma: float = LOSS_DEFAULTS["gamma"]
+    a_max: float = LOSS_DEFAULTS["a_max"]
     token_weighting: TokenWeighting = "policy_support"
 
     def __post_init__(self) -> None:
@@ -64,12 +65,9 @@ class ObjectiveConfig:
             raise ValueError(
                 f"token_weighting must be 'policy_support' or 'uniform', got {self.token_weighting!r}"
             )
-        if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError(f"clip_low/clip_high must be >= 0, got {self.clip_low}/{self.clip_high}")
-        if self.gamma <= 0:
-            raise ValueError(f"gamma must be > 0 (rho = p/(p+gamma)), got {self.gamma}")
-        if self.a_max < 0:
-            raise ValueError(f"a_max must be >= 0, got {self.a_max}")
+        # One rule set with the recipe schema (core.loss_defaults); the loader applies it at load time.
+        for key, msg in loss_rule_violations({k: getattr(self, k) for k in LOSS_DEFAULTS}):
+            raise ValueError(f"{key} {msg}")
 
 
 def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
