@@ -3,10 +3,13 @@
 A problem of difficulty L is a start value and L operations ``add k`` / ``sub k`` (k in 1..operand_max,
 default 5), all modulo a prime M (default 61, so a guessed final answer is right ~1.6% of the time)::
 
-    prompt     mod 61 start 17 add 3 sub 5 add 4
-    reference  step add 3 = 20 step sub 5 = 15 step add 4 = 19 answer 19
+    prompt     mod 61 start 17 a add 3 b sub 5 c add 4
+    reference  step a add 3 = 20 step b sub 5 = 15 step c add 4 = 19 answer 19
 
-Every step is marked by ``step`` and states its operation and its intermediate result, so a response is
+Operations carry letter labels a, b, c, ... so that a step can find its operation in the prompt by the
+label (an induction-head lookup a 2-layer model learns quickly); without labels, repeated operations make
+"the i-th operation" a counting problem the tiny model fails at. Every step is marked by ``step`` and
+states its label, operation and intermediate result, so a response is
 checkable step by step (``step_accuracy``) and RRL can cut the clean reference into canonical states at
 step boundaries (``step_prefixes``). The answer is checked by ``RuleArithmeticVerifier`` (last
 ``answer N`` of the response).
@@ -36,13 +39,14 @@ import torch
 
 from rise_nemo.core.problem import ReasoningProblem
 
-TASK_VERSION = 1
+TASK_VERSION = 2
 MAX_MODULUS = 128  # the built-in vocabulary holds the numbers 0..127
+LABELS = "abcdefghijkl"  # operation labels; at most 12 steps
 STEP, ANSWER = "step", "answer"
 OPS = {"add": 1, "sub": -1}
 _ANSWER_RE = re.compile(r"\banswer\s+(-?\d+)")
-_STEP_RE = re.compile(r"\bstep\s+(add|sub)\s+(\d+)\s*=\s*(-?\d+)")
-_PROBLEM_RE = re.compile(r"^mod (\d+) start (\d+)((?: (?:add|sub) \d+)+)$")
+_STEP_RE = re.compile(r"\bstep\s+[a-l]\s+(add|sub)\s+(\d+)\s*=\s*(-?\d+)")
+_PROBLEM_RE = re.compile(r"^mod (\d+) start (\d+)((?: [a-l] (?:add|sub) \d+)+)$")
 
 
 class ReasoningTaskError(ValueError):
@@ -78,7 +82,9 @@ class ChainTaskConfig:
         out = cls(**raw)
         if not _is_prime(out.modulus) or not 61 <= out.modulus <= MAX_MODULUS:
             raise ReasoningTaskError(f"data.task.modulus: expected a prime in [61, {MAX_MODULUS}], got {out.modulus}")
-        for key in ("max_steps", "operand_max", "train_per_level", "heldout_per_level"):
+        if not 1 <= out.max_steps <= len(LABELS):
+            raise ReasoningTaskError(f"data.task.max_steps: expected 1..{len(LABELS)}, got {out.max_steps!r}")
+        for key in ("operand_max", "train_per_level", "heldout_per_level"):
             if int(getattr(out, key)) < 1:
                 raise ReasoningTaskError(f"data.task.{key}: expected an integer >= 1, got {getattr(out, key)!r}")
         if out.operand_max >= out.modulus:
@@ -110,12 +116,13 @@ class Chain:
         return out
 
     def prompt_text(self) -> str:
-        return f"mod {self.modulus} start {self.start} " + " ".join(f"{op} {k}" for op, k in self.ops)
+        return f"mod {self.modulus} start {self.start} " + " ".join(
+            f"{LABELS[i]} {op} {k}" for i, (op, k) in enumerate(self.ops))
 
     def solution_text(self, written: Sequence[int] | None = None) -> str:
         """The step-by-step solution; ``written`` overrides the intermediate results (noisy SFT targets)."""
         vals = self.values() if written is None else list(written)
-        steps = " ".join(f"{STEP} {op} {k} = {v}" for (op, k), v in zip(self.ops, vals))
+        steps = " ".join(f"{STEP} {LABELS[i]} {op} {k} = {v}" for i, ((op, k), v) in enumerate(zip(self.ops, vals)))
         return f"{steps} {ANSWER} {vals[-1]}"
 
     def problem(self, prompt_id: str) -> ReasoningProblem:
@@ -139,7 +146,9 @@ def parse_chain(text: str) -> Chain:
     if not m:
         raise ValueError(f"not a chained-arithmetic problem: {text!r}")
     toks = m.group(3).split()
-    return Chain(int(m.group(1)), int(m.group(2)), tuple((toks[i], int(toks[i + 1])) for i in range(0, len(toks), 2)))
+    if toks[0::3] != list(LABELS[: len(toks) // 3]):
+        raise ValueError(f"operation labels out of order in {text!r}")
+    return Chain(int(m.group(1)), int(m.group(2)), tuple((toks[i + 1], int(toks[i + 2])) for i in range(0, len(toks), 3)))
 
 
 def problem_chain(problem: ReasoningProblem) -> Chain:
@@ -197,7 +206,7 @@ def make_chain_task(**kwargs) -> ChainTask:
 
 def vocabulary_corpus() -> list[str]:
     """Every word the task's prompts and responses use (the built-in ``reasoning_task`` tokenizer)."""
-    return ["mod start add sub step answer =", " ".join(str(n) for n in range(MAX_MODULUS))]
+    return ["mod start add sub step answer =", " ".join(LABELS), " ".join(str(n) for n in range(MAX_MODULUS))]
 
 
 # ---- checking ------------------------------------------------------------------------------------
@@ -237,7 +246,7 @@ def step_prefixes(problem: ReasoningProblem) -> list[str]:
     """The clean reference cut after each of its first 0..L-1 steps (RRL's canonical states), as text."""
     chain = problem_chain(problem)
     vals = chain.values()
-    parts = [f"{STEP} {op} {k} = {v}" for (op, k), v in zip(chain.ops, vals)]
+    parts = [f"{STEP} {LABELS[i]} {op} {k} = {v}" for i, ((op, k), v) in enumerate(zip(chain.ops, vals))]
     return [" ".join(parts[:i]) for i in range(len(parts))]
 
 

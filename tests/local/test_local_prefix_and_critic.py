@@ -13,12 +13,12 @@ from rise_nemo.orchestration.step import TrainSample, build_batch
 
 CFG = {"tokenizer": "builtin:reasoning_task", "seed": 0, "lr": 1e-3, "num_threads": 1,
        "tiny": {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16, "intermediate_size": 64}}
-PROMPT = [{"role": "user", "content": "mod 61 start 5 add 3 sub 2"}]
+PROMPT = [{"role": "user", "content": "mod 61 start 5 a add 3 b sub 2"}]
 
 
 def test_generate_continues_a_given_prefix():
     policy, gen = build(CFG)
-    prefix = gen.encode_response("step add 3 = 8")[:-1]  # without EOS
+    prefix = gen.encode_response("step a add 3 = 8")[:-1]  # without EOS
     out = gen.generate([PROMPT], 3, SamplingParams(max_new_tokens=6, seed=1), prefixes=[prefix])
     for r in out[0]:
         assert r.response_token_ids[: len(prefix)] == prefix
@@ -39,7 +39,7 @@ def test_generate_continues_a_given_prefix():
 
 def _prefix_batch(gen, given: int):
     prompt = gen.encode_prompt(PROMPT)
-    response = gen.encode_response("step add 3 = 8 step sub 2 = 6 answer 6")
+    response = gen.encode_response("step a add 3 = 8 step b sub 2 = 6 answer 6")
     s = TrainSample(prompt, response, KIND_NATURAL, 1.0, [0.0] * len(response), given_tokens=given)
     batch = build_batch([s])
     return batch, len(prompt)

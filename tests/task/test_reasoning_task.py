@@ -58,9 +58,11 @@ def test_reference_is_step_by_step_checkable_and_verified():
 
 
 def test_known_example():
-    chain = parse_chain("mod 97 start 95 add 3 sub 5 add 9")
+    chain = parse_chain("mod 97 start 95 a add 3 b sub 5 c add 9")
     assert chain.values() == [1, 93, 5]
-    assert chain.solution_text() == "step add 3 = 1 step sub 5 = 93 step add 9 = 5 answer 5"
+    assert chain.solution_text() == "step a add 3 = 1 step b sub 5 = 93 step c add 9 = 5 answer 5"
+    with pytest.raises(ValueError, match="labels"):
+        parse_chain("mod 97 start 95 a add 3 c sub 5")
 
 
 def test_noisy_references_err_once_per_corrupted_step():
@@ -91,6 +93,8 @@ def test_bad_task_keys_name_the_key():
         make_chain_task(modulus=31)
     with pytest.raises(ReasoningTaskError, match="data.task.colour"):
         make_chain_task(colour=1)
+    with pytest.raises(ReasoningTaskError, match="max_steps"):
+        make_chain_task(max_steps=13)
     with pytest.raises(ReasoningTaskError, match="train_levels"):
         make_chain_task(max_steps=5, train_levels=[6])
 
