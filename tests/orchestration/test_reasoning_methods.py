@@ -78,3 +78,27 @@ def test_ppo_needs_a_critic_and_rubric_steps_reject_reasoning_methods():
         ReasoningContext(cfg=None, policy=None, generator=None, verifier=None, method=get_method("ppo"))
     with pytest.raises(ValueError, match="reasoning method"):
         MethodSpec.from_config("ppo")
+
+
+def test_eval_command_and_report_on_a_reasoning_run(tmp_path, capsys):
+    import argparse
+
+    import yaml
+
+    from rise_nemo.commands.evaluate import run as eval_run
+    from rise_nemo.orchestration.report import make_report
+
+    run_dir = tmp_path / "run"
+    assert build_trainer(_cfg(run_dir, "grpo", steps=2)).run() == 0
+    args = argparse.Namespace(items=[str(run_dir), "eval.samples_per_prompt=4"], config=None, checkpoint=None,
+                              out=str(tmp_path / "ev.json"))
+    assert eval_run(args) == 0
+    out = capsys.readouterr().out
+    assert "pass@4" in out and "step acc" in out
+    result = json.loads((tmp_path / "ev.json").read_text())
+    assert result["step"] == 2 and set(result["levels"]["3"]["pass_at_k"]) == {"1", "2", "4"}
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["method"] == "grpo"
+    report = make_report([run_dir])
+    text = report.read_text()
+    assert "pass@1" in text and (report.parent / "pass_at_k.png").is_file()
+    assert (report.parent / "pass_vs_step.png").is_file()
