@@ -13,7 +13,7 @@ chained-arithmetic task (rise_nemo/tasks/reasoning.py, docs/DESIGN.md §7).
 Ends with
     RESULT short_pass1_base=... long_pass1_base=... long_pass8_base=... ppo_gain=<worst seed> grpo_gain=<worst seed>
 
-Usage: python bench/reasoning_baselines.py [--steps 20] [--seeds 0 1 2] [--samples 16] [--out DIR]
+Usage: python bench/reasoning_baselines.py [--steps 20] [--seeds 0 1 2] [--samples 8] [--eval-per-level N] [--out F]
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--samples", type=int, default=8, help="samples per held-out problem (>= 8 for pass@8)")
+    p.add_argument("--eval-per-level", type=int, default=None,
+                   help="held-out problems per level in the gain evaluations (default: all)")
     p.add_argument("--methods", nargs="+", default=["ppo", "grpo"], choices=sorted(RECIPES))
     p.add_argument("--out", default=None, help="write every measurement as JSON here")
     p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. local.lr=2e-4")
@@ -77,12 +79,15 @@ def main() -> int:
     train_levels = set(base_cfg.data.task.train_levels)
     _, heldout = load_prompts(base_cfg)
     max_level = max(p.difficulty for p in heldout)
-    base_all = evaluate(base_cfg, generator, heldout, args.seeds[0])
+    # The warm start's properties: the short (1-step) and the longest level, every held-out problem.
+    base_all = evaluate(base_cfg, generator, [p for p in heldout if p.difficulty in (1, max_level)], args.seeds[0])
     print(format_reasoning_eval(base_all), flush=True)
     short_pass1 = base_all["levels"]["1"]["pass_at_k"]["1"]
     long_level = base_all["levels"][str(max_level)]
     long_pass1, long_pass8 = long_level["pass_at_k"]["1"], long_level["pass_at_k"].get("8")
     hard = [p for p in heldout if p.difficulty in train_levels]
+    if args.eval_per_level:
+        hard = [p for lv in sorted(train_levels) for p in [q for q in hard if q.difficulty == lv][: args.eval_per_level]]
     print(f"RL trains on levels {sorted(train_levels)}; gains are measured on their {len(hard)} held-out problems",
           flush=True)
 
