@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from rise_nemo.interfaces import Generator, Policy
+from rise_nemo.interfaces import Critic, Generator, Policy
 
 BACKEND_MODULES: dict[str, str] = {
     "local": "rise_nemo.backends.local",
@@ -38,3 +38,14 @@ def build_backend(cfg: Any) -> tuple[Policy, Generator]:
         raise ImportError(f"{BACKEND_MODULES[name]} does not define build(cfg)")
     policy, generator = build(cfg.local if name == "local" else cfg)
     return policy, generator
+
+
+def build_critic(cfg: Any, policy: Policy) -> Critic:
+    """The value model of PPO-family methods for ``cfg.backend``: the backend module's
+    ``build_critic(cfg, policy)`` (local: rise_nemo.backends.local.LocalCritic, settings in ``ppo``)."""
+    name = cfg.backend
+    module = importlib.import_module(BACKEND_MODULES[name])
+    build = getattr(module, "build_critic", None)
+    if build is None:
+        raise NotImplementedError(f"backend {name!r} provides no critic yet (method {cfg.method!r} needs one)")
+    return build(cfg, policy)

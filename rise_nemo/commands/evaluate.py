@@ -5,6 +5,9 @@
     rise-nemo eval --config recipes/x.yaml      # the initial (for the persistent task: warm-started) policy
 
 Writes ``<run dir>/eval/step_XXXXXX.json`` (or ``--out``) and prints the summary and coverage table.
+On a reasoning data source (``data.source: chain_arithmetic``) it reports unbiased pass@k for k = 1, 2, 4,
+..., eval.samples_per_prompt per difficulty level, step accuracy, mean token entropy and response length
+(rise_nemo.orchestration.reasoning_eval).
 """
 
 from __future__ import annotations
@@ -88,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     if not eval_prompts:
         raise UserError("the recipe has no held-out prompts (data.eval_path)")
     check_backend(cfg)
-    judge = build_checked_judge(cfg)
+    # Reasoning tasks are scored by their verifier: no judge to build or probe.
+    judge = None if cfg.data.source in REASONING_SOURCES else build_checked_judge(cfg)
     from rise_nemo.backends import build_backend
 
     policy, generator = build_backend(cfg)
@@ -101,12 +105,35 @@ def run(args: argparse.Namespace) -> int:
             step = int(ckpt.load_checkpoint(path, policy)["step"])
     if step == 0:  # the recipe's initial policy: on the persistent task that is the warm-started model
         warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
+    if cfg.data.source in REASONING_SOURCES:
+        return _reasoning_eval(cfg, generator, eval_prompts, step, args, run_dir)
     result = evaluate(cfg, generator, judge, eval_prompts, step)
     out = Path(args.out) if args.out else (run_dir / "eval" / f"step_{step:06d}.json" if run_dir else None)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1))
     print(format_eval(result))
+    if out is not None:
+        print(f"written: {out}")
+    return 0
+
+
+REASONING_SOURCES = ("chain_arithmetic",)
+
+
+def _reasoning_eval(cfg, generator, problems, step: int, args, run_dir) -> int:
+    from rise_nemo.orchestration.data import reasoning_tools
+    from rise_nemo.orchestration.evaluate import eval_sampling_params
+    from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning, format_reasoning_eval
+
+    verifier, step_accuracy = reasoning_tools(cfg)
+    result = evaluate_reasoning(generator, verifier, problems, int(cfg.eval.samples_per_prompt),
+                                eval_sampling_params(cfg, step), step, step_accuracy=step_accuracy)
+    out = Path(args.out) if args.out else (run_dir / "eval" / f"step_{step:06d}.json" if run_dir else None)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1))
+    print(format_reasoning_eval(result))
     if out is not None:
         print(f"written: {out}")
     return 0

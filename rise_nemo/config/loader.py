@@ -304,8 +304,27 @@ def _validate_block(cls: Any, tree: Mapping[str, Any], prefix: str, prov, fallba
 
 
 def validate_tree(tree: Mapping[str, Any], prov: Mapping[str, str] | None = None, source: str = "recipe") -> dict:
-    """Validate a merged tree against the schema; returns a plain dict with every default filled in."""
-    return _validate_block(RecipeCfg, tree, "", prov or {}, source)
+    """Validate a merged tree against the schema; returns a plain dict with every default filled in.
+
+    The method's own defaults (rise_nemo.methods, e.g. PPO's KL 0.001) fill keys the recipe leaves out."""
+    return _validate_block(RecipeCfg, _with_method_defaults(tree), "", prov or {}, source)
+
+
+def _with_method_defaults(tree: Mapping[str, Any]) -> dict[str, Any]:
+    from rise_nemo.methods import METHODS
+
+    method = METHODS.get(tree.get("method", "rise")) if isinstance(tree.get("method", "rise"), str) else None
+    out = _copy(dict(tree))
+    for dotted, value in (method.defaults.items() if method is not None else ()):
+        *parents, leaf = dotted.split(".")
+        node = out
+        for part in parents:
+            if not isinstance(node.get(part, {}), Mapping):
+                break
+            node = node.setdefault(part, {})
+        else:
+            node.setdefault(leaf, value)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------

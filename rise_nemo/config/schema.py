@@ -2,7 +2,7 @@
 
 Every block the orchestration reads is declared here with its type and default, so a recipe only states
 what differs from the defaults and a typo (``grpo.grop_size``) is rejected instead of silently ignored.
-Blocks owned by other layers are pass-through mappings: ``optim``, ``nemo`` (NeMo-RL's own config tree, validated by
+Blocks owned by other layers are pass-through mappings: ``nemo`` (NeMo-RL's own config tree, validated by
 ``rise_nemo.backends.nemo``), ``local`` (validated by ``rise_nemo.backends.local``), ``judge`` (validated
 by ``rise_nemo.judges.build_judge``) and ``data.task`` (the generated task's parameters).
 """
@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-# "ppo" and "grpo" (the reasoning baselines, issue 9) are accepted here so their recipes validate; the
-# orchestration's method registry implements them.
-METHODS = ("rise", "rubric_rl", "coupled", "uniform", "ruscarl", "opd", "ppo", "grpo")
+from rise_nemo.core.loss_defaults import LOSS_DEFAULTS, LOSS_RULES
+from rise_nemo.methods import METHOD_NAMES
+
+METHODS = METHOD_NAMES  # the one registry: rise_nemo.methods
 BACKENDS = ("local", "nemo")
 
 
@@ -32,10 +33,10 @@ class GrpoCfg:
     prompts_per_step: int = 8
     group_size: int = 8  # G natural responses per prompt
     eps: float = 1e-6  # epsilon_A of eq. 1
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
+    clip_low: float = LOSS_DEFAULTS["clip_low"]
+    clip_high: float = LOSS_DEFAULTS["clip_high"]
+    kl_coef: float = LOSS_DEFAULTS["kl_coef"]
+    entropy_coef: float = LOSS_DEFAULTS["entropy_coef"]
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
@@ -80,9 +81,10 @@ class GateCfg:
 
 @dataclass
 class RiseCfg:
-    lambda_guide: float = 0.2  # lambda_0 of eq. 12 (paper 0.05; a tiny model needs ~0.2, docs/DESIGN.md §2)
-    gamma: float = 0.1  # policy-support constant of eqs. 9-10
-    a_max: float = 1.0  # clip of the trajectory weight A~ (eq. 11)
+    # Loss defaults and rules: rise_nemo.core.loss_defaults (shared with core.losses.ObjectiveConfig).
+    lambda_guide: float = LOSS_DEFAULTS["lambda_guide"]  # lambda_0 of eq. 12 (paper 0.05; tiny recipes use 0.2)
+    gamma: float = LOSS_DEFAULTS["gamma"]  # policy-support constant of eqs. 9-10
+    a_max: float = LOSS_DEFAULTS["a_max"]  # clip of the trajectory weight A~ (eq. 11)
     top_m: int | None = 5  # M of eq. 5; None = every failed criterion
     privileged_group_size: int | None = None  # G' privileged responses per prompt; None -> grpo.group_size
     schedule: ScheduleCfg = field(default_factory=ScheduleCfg)
@@ -110,11 +112,25 @@ class RuscarlCfg:
 
 
 @dataclass
+class PpoCfg:
+    """Critic and GAE of the PPO-family reasoning methods (method ppo; docs/DESIGN.md §7). Defaults follow
+    NeMo-RL's ppo_math_1B example (lambda 0.95, gamma 1, whitened advantages, value clip 0.2)."""
+
+    gae_lambda: float = 0.95
+    gae_gamma: float = 1.0
+    normalize_advantages: bool = True  # whiten GAE advantages over the batch's action tokens
+    value_clip: float | None = 0.2  # clip range of the value loss around the critic's old values; null = off
+    critic_lr: float = 1e-4  # local critic's AdamW learning rate (NeMo-RL: the value model's optimizer block)
+    critic_updates: int = 1  # critic optimiser steps per training step
+
+
+@dataclass
 class DataCfg:
     """``source: persistent`` generates the demo task (rise_nemo.data.persistent_task) from ``task``;
-    ``source: jsonl`` reads rubric files with rise_nemo.data.loaders (JSONL or parquet)."""
+    ``source: jsonl`` reads rubric files with rise_nemo.data.loaders (JSONL or parquet); ``source:
+    chain_arithmetic`` generates the embedded reasoning task (rise_nemo.tasks.reasoning) from ``task``."""
 
-    source: Literal["persistent", "jsonl"] = "persistent"
+    source: Literal["persistent", "jsonl", "chain_arithmetic"] = "persistent"
     train_path: str | None = None
     eval_path: str | None = None
     # rubric formats (rise_nemo.data.loaders) or reasoning formats (rise_nemo.data.reasoning: math, gsm8k,
@@ -152,6 +168,7 @@ class EvalCfg:
     samples_per_prompt: int = 8
     max_prompts: int | None = None
     temperature: float = 1.0
+    top_p: float | None = None  # None -> grpo.top_p
     max_new_tokens: int | None = None  # None -> grpo.max_new_tokens
     persistent_tag: str = "persistent"  # criteria carrying this tag count towards persistent coverage
 
@@ -160,15 +177,14 @@ class EvalCfg:
 class RecipeCfg:
     run: RunCfg = field(default_factory=RunCfg)
     backend: Literal["local", "nemo"] = "local"
-    method: Literal["rise", "rubric_rl", "coupled", "uniform", "ruscarl", "opd", "ppo", "grpo"] = "rise"
+    method: Literal[METHOD_NAMES] = "rise"  # rise_nemo.methods.METHODS
     rise: RiseCfg = field(default_factory=RiseCfg)
     grpo: GrpoCfg = field(default_factory=GrpoCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)
     ruscarl: RuscarlCfg = field(default_factory=RuscarlCfg)
+    ppo: PpoCfg = field(default_factory=PpoCfg)
     # Optimiser settings belong to the backend that owns the optimiser: the local backend reads them from
-    # ``local:`` (lr, betas, ...), NeMo-RL from ``nemo.policy.optimizer``. ``optim`` is kept as a
-    # pass-through block for backends that want a shared place.
-    optim: dict[str, Any] = field(default_factory=dict)
+    # ``local:`` (lr, betas, ...), NeMo-RL from ``nemo.policy.optimizer``.
     data: DataCfg = field(default_factory=DataCfg)
     judge: dict[str, Any] = field(default_factory=lambda: {"type": "rule"})
     train: TrainCfg = field(default_factory=TrainCfg)
@@ -185,9 +201,6 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "grpo.max_new_tokens": (lambda v: v >= 1, ">= 1"),
     "grpo.temperature": (lambda v: v > 0, "> 0"),
     "grpo.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "rise.lambda_guide": (lambda v: v >= 0, ">= 0"),
-    "rise.gamma": (lambda v: v > 0, "> 0"),
-    "rise.a_max": (lambda v: v > 0, "> 0"),
     "rise.top_m": (lambda v: v is None or v >= 1, ">= 1 or null"),
     "rise.privileged_group_size": (lambda v: v is None or v >= 1, ">= 1 or null"),
     "rise.retention.keep_threshold": (lambda v: 0 <= v <= 1, "in [0, 1]"),
@@ -200,10 +213,18 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "rise.schedule.min_steps": (lambda v: v >= 0, ">= 0"),
     "rise.schedule.tolerance": (lambda v: v >= 0, ">= 0"),
     "reward.overlong_buffer": (lambda v: v >= 0, ">= 0"),
+    "ppo.gae_lambda": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "ppo.gae_gamma": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "ppo.value_clip": (lambda v: v > 0, "> 0 or null"),
+    "ppo.critic_lr": (lambda v: v > 0, "> 0"),
+    "ppo.critic_updates": (lambda v: v >= 1, ">= 1"),
     "train.steps": (lambda v: v >= 0, ">= 0"),
     "train.checkpoint_every": (lambda v: v >= 0, ">= 0"),
     "train.keep_checkpoints": (lambda v: v >= 0, ">= 0"),
     "train.log_samples": (lambda v: v >= 0, ">= 0"),
     "eval.every": (lambda v: v >= 0, ">= 0"),
     "eval.samples_per_prompt": (lambda v: v >= 1, ">= 1 (the acceptance asks for >= 8)"),
+    # The policy-loss rules, identical to core.losses.ObjectiveConfig's (core.loss_defaults).
+    **{f"{'grpo' if k in ('clip_low', 'clip_high', 'kl_coef', 'entropy_coef') else 'rise'}.{k}": rule
+       for k, rule in LOSS_RULES.items()},
 }

@@ -21,6 +21,7 @@ from typing import Literal
 
 import torch
 
+from rise_nemo.core.loss_defaults import LOSS_DEFAULTS, loss_rule_violations
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "log_policy_support",
     "guide_loss",
     "rise_objective",
+    "make_policy_loss",
+    "loss_needs_reference_logprobs",
 ]
 
 TokenWeighting = Literal["policy_support", "uniform"]
@@ -48,13 +51,13 @@ class ObjectiveConfig:
     leaves every gain uncapped unless the rubric reward is rescaled.
     """
 
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    lambda_guide: float = 0.05
-    gamma: float = 0.1
-    a_max: float = 1.0
+    clip_low: float = LOSS_DEFAULTS["clip_low"]
+    clip_high: float = LOSS_DEFAULTS["clip_high"]
+    kl_coef: float = LOSS_DEFAULTS["kl_coef"]
+    entropy_coef: float = LOSS_DEFAULTS["entropy_coef"]
+    lambda_guide: float = LOSS_DEFAULTS["lambda_guide"]
+    gamma: float = LOSS_DEFAULTS["gamma"]
+    a_max: float = LOSS_DEFAULTS["a_max"]
     token_weighting: TokenWeighting = "policy_support"
 
     def __post_init__(self) -> None:
@@ -62,12 +65,9 @@ class ObjectiveConfig:
             raise ValueError(
                 f"token_weighting must be 'policy_support' or 'uniform', got {self.token_weighting!r}"
             )
-        if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError(f"clip_low/clip_high must be >= 0, got {self.clip_low}/{self.clip_high}")
-        if self.gamma <= 0:
-            raise ValueError(f"gamma must be > 0 (rho = p/(p+gamma)), got {self.gamma}")
-        if self.a_max < 0:
-            raise ValueError(f"a_max must be >= 0, got {self.a_max}")
+        # One rule set with the recipe schema (core.loss_defaults); the loader applies it at load time.
+        for key, msg in loss_rule_violations({k: getattr(self, k) for k in LOSS_DEFAULTS}):
+            raise ValueError(f"{key} {msg}")
 
 
 def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -89,13 +89,18 @@ def clipped_pg_loss(
     ratio_t = exp(logp_t - prev_logp_t);  l_t = -min(ratio_t A, clip(ratio_t, 1-clip_low, 1+clip_high) A)
     loss = sum_{masked t} l_t / normalizer   (token-level aggregation: normalizer = global token count)
 
-    logprobs, prev_logprobs, token_mask: [B, T]; advantages: [B] (shared by the sequence's tokens).
+    logprobs, prev_logprobs, token_mask: [B, T]; advantages: [B] (shared by the sequence's tokens) or [B, T]
+    per-token (GAE, segment advantages; docs/DESIGN.md §7). [B] is exactly the [B, T] broadcast.
     Returns (loss, clipped-token fraction numerator / normalizer), both scalars.
     """
     mask = token_mask.bool()
     log_ratio = torch.where(mask, logprobs - prev_logprobs.detach(), torch.zeros_like(logprobs))
     ratio = log_ratio.exp()
-    adv = advantages.detach().to(logprobs.dtype)[:, None]  # [B, 1]
+    adv = advantages.detach().to(logprobs.dtype)
+    if adv.dim() == 1:
+        adv = adv[:, None]  # [B, 1], shared by the row's tokens
+    elif adv.shape != logprobs.shape:
+        raise ValueError(f"per-token advantages {tuple(adv.shape)} must match logprobs {tuple(logprobs.shape)}")
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
@@ -207,7 +212,8 @@ def rise_objective(
 
     logprobs: [B, T] aligned with data['input_ids'], under the current weights (with grad).
     data: token_mask [B, T], sample_mask [B], kind [B] (KIND_NATURAL / KIND_GUIDED), advantages [B]
-    (natural: eq. 1; guided: A_ref of eq. 7), prev_logprobs [B, T], natural_token_count [B],
+    (natural: eq. 1; guided: A_ref of eq. 7) and/or token_advantages [B, T] (per-token advantages of the
+    natural rows, e.g. GAE; when present the PG term uses them; docs/DESIGN.md §7), prev_logprobs [B, T], natural_token_count [B],
     guided_seq_count [B], and reference_policy_logprobs [B, T] when cfg.kl_coef > 0.
 
     Natural and guided rows never mix: guided rows contribute only through L_guide, so they affect neither
@@ -219,7 +225,13 @@ def rise_objective(
     token_mask = _require(data, "token_mask").to(logprobs.device)
     sample_mask = _require(data, "sample_mask").to(logprobs.device).bool()
     kind = _require(data, "kind").to(logprobs.device)
-    advantages = _require(data, "advantages").to(logprobs.device)
+    if "token_advantages" in data:
+        pg_advantages = data["token_advantages"].to(logprobs.device)  # [B, T]
+        advantages = data["advantages"].to(logprobs.device) if "advantages" in data else logprobs.new_zeros(
+            logprobs.shape[0])
+    else:
+        advantages = _require(data, "advantages").to(logprobs.device)  # [B]
+        pg_advantages = advantages
     prev_logprobs = _require(data, "prev_logprobs").to(logprobs.device)
     if logprobs.shape != token_mask.shape:
         raise ValueError(f"logprobs {tuple(logprobs.shape)} and token_mask {tuple(token_mask.shape)} differ")
@@ -233,7 +245,7 @@ def rise_objective(
     n_guided = _column_value(data, "guided_seq_count")
 
     pg, clip_frac = clipped_pg_loss(
-        logprobs, prev_logprobs, advantages, nat_mask, n_tokens, cfg.clip_low, cfg.clip_high
+        logprobs, prev_logprobs, pg_advantages, nat_mask, n_tokens, cfg.clip_low, cfg.clip_high
     )
     total = pg
 
@@ -280,3 +292,19 @@ def _guide_diagnostics(
     w = gamma / (p + gamma)
     mean_w = (torch.where(mask, w, torch.zeros_like(w)).sum(-1) / length)[rows].sum() / count
     return {"guide/mean_prob": float(mean_p), "guide/mean_support_weight": float(mean_w)}
+
+
+def make_policy_loss(cfg: ObjectiveConfig):
+    """The policy loss of every method (eq. 12; with lambda_guide 0 plain clipped PG, GAE advantages or not),
+    as a picklable ``functools.partial`` of ``rise_objective`` (NeMo-RL ships the loss to its workers) that
+    says whether it needs reference log-probs: ``loss.needs_reference_logprobs`` (kl_coef > 0)."""
+    import functools
+
+    loss = functools.partial(rise_objective, cfg=cfg)
+    loss.needs_reference_logprobs = cfg.kl_coef > 0
+    return loss
+
+
+def loss_needs_reference_logprobs(loss_fn) -> bool:
+    """Whether a backend must put ``reference_policy_logprobs`` into the batch before calling ``loss_fn``."""
+    return bool(getattr(loss_fn, "needs_reference_logprobs", False))

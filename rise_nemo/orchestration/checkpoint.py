@@ -3,6 +3,7 @@
 Layout::
 
     checkpoints/step_000010/policy.pt     weights + optimiser (or the policy's own files, see below)
+    checkpoints/step_000010/critic.pt     value model + its optimiser (PPO-family methods only)
     checkpoints/step_000010/trainer.pt    step, RNG states, data position, schedule state
     checkpoints/step_000010/COMPLETE      written last: a directory without it is never loaded
     checkpoints/latest                    text file naming the newest complete checkpoint
@@ -57,8 +58,10 @@ def _write_atomic_text(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
-def save_checkpoint(run_dir: str | Path, step: int, policy: Any, trainer_state: dict[str, Any]) -> Path:
-    """Write checkpoint ``step`` completely, then publish it as ``latest``. Returns its directory."""
+def save_checkpoint(run_dir: str | Path, step: int, policy: Any, trainer_state: dict[str, Any],
+                    critic: Any = None) -> Path:
+    """Write checkpoint ``step`` completely, then publish it as ``latest``. Returns its directory.
+    A critic (value model of the PPO-family methods) is saved as ``critic.pt`` (weights + optimiser)."""
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
@@ -70,6 +73,8 @@ def save_checkpoint(run_dir: str | Path, step: int, policy: Any, trainer_state: 
         policy.save_checkpoint(tmp / "policy")
     else:
         torch.save(policy.state_dict(), tmp / "policy.pt")
+    if critic is not None:
+        torch.save(critic.state_dict(), tmp / "critic.pt")
     torch.save(trainer_state, tmp / "trainer.pt")
     (tmp / COMPLETE).write_text(f"{step}\n")
     _fsync_dir(tmp)
@@ -110,8 +115,9 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def load_checkpoint(path: str | Path, policy: Any) -> dict[str, Any]:
-    """Restore the policy in place from checkpoint ``path``; returns the trainer state."""
+def load_checkpoint(path: str | Path, policy: Any, critic: Any = None) -> dict[str, Any]:
+    """Restore the policy (and the critic, when given) in place from checkpoint ``path``; returns the
+    trainer state."""
     path = Path(path)
     if not is_complete(path):
         raise FileNotFoundError(f"{path}: not a complete checkpoint (missing {COMPLETE} or trainer.pt)")
@@ -119,6 +125,10 @@ def load_checkpoint(path: str | Path, policy: Any) -> dict[str, Any]:
         policy.load_checkpoint(path / "policy")
     else:
         policy.load_state_dict(torch.load(path / "policy.pt", map_location="cpu", weights_only=False))
+    if critic is not None:
+        if not (path / "critic.pt").is_file():
+            raise FileNotFoundError(f"{path}: the method trains a critic but the checkpoint has no critic.pt")
+        critic.load_state_dict(torch.load(path / "critic.pt", map_location="cpu", weights_only=False))
     return torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
 
 

@@ -5,6 +5,9 @@
               ``data.task``; a fresh run first warm-starts the policy (``data.warm_start``, cached)
   jsonl       rubric files (``data.train_path`` / ``data.eval_path``, JSONL or parquet) in any format
               rise_nemo.data.loaders reads (healthbench, rubrichub, rar, rise; ``data.format``)
+  chain_arithmetic  the embedded reasoning task (rise_nemo.tasks.reasoning), parameters in ``data.task``;
+              a fresh run first warm-starts the policy (``data.warm_start``), cached under
+              rise_nemo.cache.cache_dir() (``$RISE_NEMO_CACHE``) unless ``data.warm_start_cache`` is null
 """
 
 from __future__ import annotations
@@ -27,9 +30,31 @@ def persistent_task(cfg: Any):
     return make_persistent_task(**_plain(cfg.data.task))
 
 
+def chain_task(cfg: Any):
+    """The embedded reasoning task of ``data.task`` (seeded, deterministic)."""
+    from rise_nemo.tasks.reasoning import make_chain_task
+
+    return make_chain_task(**_plain(cfg.data.task))
+
+
+def reasoning_tools(cfg: Any) -> tuple[Any, Any]:
+    """(verifier, step_accuracy checker or None) for the recipe's reasoning data source."""
+    if cfg.data.source == "chain_arithmetic":
+        from rise_nemo.tasks.reasoning import RuleArithmeticVerifier, step_accuracy
+
+        return RuleArithmeticVerifier(), step_accuracy
+    raise ValueError(f"config key 'data.source': {cfg.data.source!r} has no verifier for method {cfg.method!r}")
+
+
 def warm_start_policy(cfg: Any, policy: Any, generator: Any, progress: bool = True) -> Any:
-    """Supervised warm start of a fresh local policy on the persistent task (cached on disk), so RL starts
-    from a model that answers and follows hints. No-op for other data sources. Returns the stats or None."""
+    """Supervised warm start of a fresh local policy on the embedded task (cached on disk): the persistent
+    task (answering + hint-following) or the chain-arithmetic task. No-op for other data sources. Returns
+    the stats or None."""
+    if cfg.data.source == "chain_arithmetic":
+        from rise_nemo.tasks.reasoning import warm_start_reasoning
+
+        return warm_start_reasoning(policy, generator, chain_task(cfg), _plain(cfg.data.warm_start),
+                                    cache_dir=warm_start_cache_dir(cfg), progress=progress)
     if cfg.data.source != "persistent":
         return None
     from rise_nemo.data.persistent_task import warm_start
@@ -61,6 +86,9 @@ def load_prompts(cfg: Any) -> tuple[list[RubricPrompt], list[RubricPrompt]]:
     """(train prompts, held-out eval prompts) for the recipe, truncated to ``data.max_*_prompts``."""
     if cfg.data.source == "persistent":
         task = persistent_task(cfg)
+        train, held_out = list(task.train), list(task.heldout)
+    elif cfg.data.source == "chain_arithmetic":
+        task = chain_task(cfg)
         train, held_out = list(task.train), list(task.heldout)
     elif cfg.data.source == "jsonl":
         if not cfg.data.train_path:

@@ -35,7 +35,7 @@ def eval_sampling_params(cfg: Any, step: int) -> SamplingParams:
     return SamplingParams(
         max_new_tokens=int(cfg.eval.max_new_tokens or cfg.grpo.max_new_tokens),
         temperature=float(cfg.eval.temperature),
-        top_p=float(cfg.grpo.top_p),
+        top_p=float(cfg.grpo.top_p if cfg.eval.top_p is None else cfg.eval.top_p),
         # Seeded by the step: every method/checkpoint is evaluated on the same sampling stream.
         seed=derive_seed(int(cfg.run.seed), step, STREAM_EVAL),
     )

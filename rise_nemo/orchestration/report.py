@@ -256,7 +256,18 @@ def make_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = Non
         out_dir = runs[0].path / "report" if len(runs) == 1 else runs[0].path.parent / "report"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(runs, out)
+    from rise_nemo.orchestration.reasoning_report import (
+        is_reasoning_run,
+        reasoning_markdown,
+        write_reasoning_plots,
+    )
+
+    if all(is_reasoning_run(r) for r in runs):  # verifier-scored reasoning runs: pass@k plots (docs/DESIGN.md §7)
+        plots = write_reasoning_plots(runs, out)
+        text = reasoning_markdown(runs, plots)
+    else:
+        plots = write_plots(runs, out)
+        text = markdown(runs, plots)
     path = out / "report.md"
-    path.write_text(markdown(runs, plots))
+    path.write_text(text)
     return path

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from rise_nemo.errors import UserError, require_extra
+from rise_nemo.methods import get_method
 from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.data import load_prompts_checked, warm_start_policy
+from rise_nemo.orchestration.data import load_prompts_checked, reasoning_tools, warm_start_policy
 from rise_nemo.orchestration.rundir import RunDirLock, check_resume, check_run_dir_path
 from rise_nemo.orchestration.trainer import Trainer, resolve_run_dir
 
@@ -85,14 +86,22 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
     try:
         changes = check_resume(run_dir, cfg, allow_config_change)
         check_method(cfg)
+        method = get_method(str(cfg.method))
         train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
         check_backend(cfg)
-        judge = build_checked_judge(cfg)
-        from rise_nemo.backends import build_backend
+        # Reasoning methods score with a verifier; the rubric methods need the judge (checked and probed).
+        judge = None if method.family == "reasoning" else build_checked_judge(cfg)
+        from rise_nemo.backends import build_backend, build_critic
 
         policy, generator = build_backend(cfg)
         if ckpt.latest_checkpoint(run_dir) is None:
             warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
+        reasoning: dict[str, Any] = {}
+        if method.family == "reasoning":
+            verifier, step_accuracy = reasoning_tools(cfg)
+            # The critic copies the policy's body AFTER the warm start (a resume overwrites it from the checkpoint).
+            critic = build_critic(cfg, policy) if method.critic else None
+            reasoning = {"critic": critic, "verifier": verifier, "step_accuracy": step_accuracy}
     except BaseException:
         lock.release()
         if not existed and run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [".lock"]:
@@ -100,4 +109,4 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
             run_dir.rmdir()  # a refused run leaves nothing behind
         raise
     return Trainer(cfg, policy, generator, judge, train_prompts, eval_prompts, run_dir=run_dir,
-                   stop_after=stop_after, lock=lock, config_changes=changes)
+                   stop_after=stop_after, lock=lock, config_changes=changes, **reasoning)

@@ -15,7 +15,6 @@ and the judge and decides what happens when.
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 import time
@@ -38,7 +37,7 @@ from rise_nemo.core.guidance import (
     sentence_span,
     token_span_mask,
 )
-from rise_nemo.core.losses import ObjectiveConfig, overlong_penalty, rise_objective
+from rise_nemo.core.losses import ObjectiveConfig, make_policy_loss, overlong_penalty
 from rise_nemo.core.prompts import (
     build_privileged_prompt,
     build_ruscarl_prompt,
@@ -78,20 +77,18 @@ class MethodSpec:
 
     @staticmethod
     def from_config(method: str) -> MethodSpec:
-        specs = {
-            "rise": MethodSpec(True, False, False, "policy_support"),
-            "uniform": MethodSpec(True, False, False, "uniform"),
-            "coupled": MethodSpec(True, True, False, "policy_support"),
-            "rubric_rl": MethodSpec(False, False, False, "policy_support"),
-            "ruscarl": MethodSpec(False, False, True, "policy_support"),
-        }
-        if method == "opd":
+        """The RISE-family switches of ``method`` from the one registry (rise_nemo.methods)."""
+        from rise_nemo.methods import get_method
+
+        m = get_method(method)
+        if m.family == "distillation":
             # On-policy distillation trains with a teacher's token distribution, not this loop's rewards.
             raise ValueError("config key 'method': 'opd' (on-policy distillation) runs on NeMo-RL's distillation "
                              "path: `python -m rise_nemo.backends.nemo.distill --config RECIPE`")
-        if method not in specs:
-            raise ValueError(f"config key 'method': unknown method {method!r}; expected one of {sorted(specs)}")
-        return specs[method]
+        if m.family != "rubric":
+            raise ValueError(f"config key 'method': {method!r} is a {m.family} method; its step is "
+                             "rise_nemo.orchestration.reasoning_step")
+        return MethodSpec(m.guidance, m.coupled, m.ruscarl, m.token_weighting)
 
 
 def guidance_options(cfg: Any) -> GuidanceOptions:
@@ -169,6 +166,7 @@ class TrainSample:
     sampled_under_train_prompt: bool
     source: tuple[bool, int, int] | None = None  # (privileged?, group row, index in group): samples.jsonl
     loss_mask: list[int] | None = None  # per response token, 0 = excluded from the loss (masked penalised span)
+    given_tokens: int = 0  # leading response tokens that were given (a replayed state): context, not trained
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -527,7 +525,11 @@ def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, to
     for row, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
         input_ids[row, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
-        token_mask[row, p : p + r] = 1.0 if s.loss_mask is None else torch.tensor(s.loss_mask[:r], dtype=torch.float32)
+        if s.loss_mask is not None:
+            token_mask[row, p : p + r] = torch.tensor(s.loss_mask[:r], dtype=torch.float32)
+        else:
+            token_mask[row, p : p + r] = 1.0
+        token_mask[row, p : p + min(s.given_tokens, r)] = 0.0  # a given prefix is context only
         gen_lp[row, p : p + r] = torch.tensor(s.generation_logprobs[:r] + [0.0] * (r - len(s.generation_logprobs)))
     kind = torch.tensor([s.kind for s in samples], dtype=torch.long)  # [B]
     natural_tokens = float(token_mask[kind == KIND_NATURAL].sum())
@@ -548,13 +550,19 @@ def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, to
 
 def make_loss_fn(ctx: StepContext, lam: float):
     """Eq. 12 with this step's lambda_guide; a picklable partial (NeMo-RL ships the loss to its workers)."""
-    g = ctx.cfg.grpo
-    cfg = ObjectiveConfig(
+    return make_policy_loss_fn(ctx.cfg, lam, ctx.spec.token_weighting)
+
+
+def make_policy_loss_fn(cfg: Any, lam: float = 0.0, token_weighting: str = "policy_support"):
+    """The recipe's policy loss (core.losses.make_policy_loss): eq. 12 with ``lam``; with lam 0 and per-token
+    advantages, PPO's clipped surrogate. It says whether it needs reference log-probs (KL > 0)."""
+    g = cfg.grpo
+    objective = ObjectiveConfig(
         clip_low=float(g.clip_low), clip_high=float(g.clip_high), kl_coef=float(g.kl_coef),
-        entropy_coef=float(g.entropy_coef), lambda_guide=lam, gamma=float(ctx.cfg.rise.gamma),
-        a_max=float(ctx.cfg.rise.a_max), token_weighting=ctx.spec.token_weighting,
+        entropy_coef=float(g.entropy_coef), lambda_guide=lam, gamma=float(cfg.rise.gamma),
+        a_max=float(cfg.rise.a_max), token_weighting=token_weighting,
     )
-    return functools.partial(rise_objective, cfg=cfg)
+    return make_policy_loss(objective)
 
 
 def guidance_delta(nat: Scored, priv: Scored | None, targets: list[int]) -> float | None:

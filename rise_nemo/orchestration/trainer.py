@@ -32,10 +32,13 @@ import torch
 
 from rise_nemo.core.rubric import RubricPrompt
 from rise_nemo.core.schedule import GuidanceSchedule
-from rise_nemo.interfaces import Generator, Judge, Policy
+from rise_nemo.interfaces import Critic, Generator, Judge, Policy, Verifier
+from rise_nemo.methods import get_method
 from rise_nemo.orchestration import checkpoint as ckpt
 from rise_nemo.orchestration.data import PromptSampler
-from rise_nemo.orchestration.evaluate import evaluate
+from rise_nemo.orchestration.evaluate import eval_sampling_params, evaluate
+from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning
+from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
 from rise_nemo.orchestration.rundir import RunDirLock, write_config
 from rise_nemo.orchestration.signals import StopFlag
 from rise_nemo.orchestration.step import MethodSpec, StepContext, train_step
@@ -56,6 +59,7 @@ def reproducible_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
             and (not k.startswith(JUDGE_COUNTER_PREFIX) or k in STEP_JUDGE_KEYS)}
 PROGRESS_KEYS = (("reward/natural_mean", "r_nat"), ("reward/privileged_mean", "r_priv"),
                  ("guidance/delta_r", "dr"), ("guidance/lambda", "lam"), ("guidance/retained", "kept"))
+REASONING_PROGRESS_KEYS = (("reward/mean", "r"), ("critic/explained_variance", "ev"), ("loss/pg", "pg"))
 
 
 def resolve_run_dir(cfg: Any) -> Path:
@@ -85,10 +89,16 @@ class Trainer:
         stop_after: int | None = None,
         lock: RunDirLock | None = None,
         config_changes: Sequence[tuple[str, Any, Any]] = (),
+        critic: Critic | None = None,
+        verifier: Verifier | None = None,
+        step_accuracy: Any = None,
     ):
         """``stop_after``: behave as if a stop signal arrived during that step (tests, bounded sessions).
         ``lock``: the run directory's lock if the caller already holds it (``build_trainer``); released at
-        the end of ``run``. ``config_changes``: accepted differences from the run's earlier config (logged)."""
+        the end of ``run``. ``config_changes``: accepted differences from the run's earlier config (logged).
+
+        Reasoning methods (rise_nemo.methods family "reasoning") take ``verifier`` instead of ``judge``,
+        ``critic`` when the method trains one, and the task's ``step_accuracy`` checker for evaluation."""
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir is not None else resolve_run_dir(cfg)
         self.policy, self.generator, self.judge = policy, generator, judge
@@ -96,11 +106,22 @@ class Trainer:
         self.steps = int(cfg.train.steps)
         self.sampler = PromptSampler(train_prompts, int(cfg.grpo.prompts_per_step), int(cfg.run.seed),
                                      bool(cfg.data.shuffle))
-        self.ctx = StepContext(
-            cfg=cfg, policy=policy, generator=generator, judge=judge, schedule=make_schedule(cfg),
-            rng=random.Random(int(cfg.run.seed)), spec=MethodSpec.from_config(str(cfg.method)),
-            total_steps=self.steps, pad_id=_pad_id(generator), samples_per_step=int(cfg.train.log_samples),
-        )
+        self.method = get_method(str(cfg.method))
+        self.critic, self.verifier, self.step_accuracy = critic, verifier, step_accuracy
+        if self.method.family == "reasoning":
+            if verifier is None:
+                raise ValueError(f"method {self.method.name!r} needs a verifier")
+            self.ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier,
+                                        method=self.method, critic=critic, pad_id=_pad_id(generator),
+                                        rng=random.Random(int(cfg.run.seed)))
+            self._train_step, self._progress_keys = reasoning_train_step, REASONING_PROGRESS_KEYS
+        else:
+            self.ctx = StepContext(
+                cfg=cfg, policy=policy, generator=generator, judge=judge, schedule=make_schedule(cfg),
+                rng=random.Random(int(cfg.run.seed)), spec=MethodSpec.from_config(str(cfg.method)),
+                total_steps=self.steps, pad_id=_pad_id(generator), samples_per_step=int(cfg.train.log_samples),
+            )
+            self._train_step, self._progress_keys = train_step, PROGRESS_KEYS
         self.lock = lock
         self.config_changes = list(config_changes)
         self.step = 0
@@ -129,7 +150,7 @@ class Trainer:
                     self.run_eval(0)
                 while self.step < self.steps and not stop.requested:
                     self.step += 1
-                    metrics = train_step(self.ctx, self.sampler.next_batch(), self.step)
+                    metrics = self._train_step(self.ctx, self.sampler.next_batch(), self.step)
                     self._log_metrics(metrics, bar)
                     if self.stop_after is not None and self.step >= self.stop_after and not stop.requested:
                         stop.requested = f"stop_after={self.stop_after}"
@@ -168,13 +189,14 @@ class Trainer:
                 "step_rng": self.ctx.rng.getstate(),
             },
             "data": self.sampler.state_dict(),
-            "schedule": self.ctx.schedule.state_dict(),
-            "gate": self.ctx.gate.state_dict() if self.ctx.gate is not None else None,  # adaptive guidance gating
+            "schedule": self._schedule.state_dict() if self._schedule is not None else None,
+            # adaptive guidance gating (RISE only)
+            "gate": self.ctx.gate.state_dict() if getattr(self.ctx, "gate", None) is not None else None,
             "method": str(self.cfg.method),
         }
 
     def save(self) -> Path:
-        path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.trainer_state())
+        path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.trainer_state(), critic=self.critic)
         ckpt.prune_checkpoints(self.run_dir, int(self.cfg.train.keep_checkpoints))
         log.info("checkpoint step %d -> %s", self.step, path)
         return path
@@ -186,7 +208,7 @@ class Trainer:
             truncate_metrics(self.run_dir / "metrics.jsonl", 0)
             truncate_metrics(self.run_dir / "samples.jsonl", 0)
             return 0
-        state = ckpt.load_checkpoint(path, self.policy)
+        state = ckpt.load_checkpoint(path, self.policy, critic=self.critic)
         if state.get("method") not in (None, str(self.cfg.method)):
             raise RuntimeError(f"{path}: checkpoint of method {state['method']!r}, recipe says {self.cfg.method!r}")
         self.step = int(state["step"])
@@ -198,8 +220,9 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.ctx.rng.setstate(rng["step_rng"])
         self.sampler.load_state_dict(state["data"])
-        self.ctx.schedule.load_state_dict(state["schedule"])
-        if self.ctx.gate is not None and state.get("gate") is not None:
+        if self._schedule is not None:
+            self._schedule.load_state_dict(state["schedule"])
+        if getattr(self.ctx, "gate", None) is not None and state.get("gate") is not None:
             self.ctx.gate.load_state_dict(state["gate"])
         dropped = truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
         truncate_metrics(self.run_dir / "samples.jsonl", self.step)
@@ -219,7 +242,14 @@ class Trainer:
         every = int(self.cfg.train.checkpoint_every)
         return step == self.steps or (every > 0 and step % every == 0)
 
+    @property
+    def _schedule(self) -> Any:
+        """RISE's guidance schedule (None for reasoning methods)."""
+        return getattr(self.ctx, "schedule", None)
+
     def run_eval(self, step: int) -> dict[str, Any]:
+        if self.method.family == "reasoning":
+            return self._run_reasoning_eval(step)
         result = evaluate(self.cfg, self.generator, self.judge, self.eval_prompts, step)
         out = self.run_dir / "eval" / f"step_{step:06d}.json"
         out.parent.mkdir(exist_ok=True)
@@ -232,6 +262,24 @@ class Trainer:
         for sink in self._sinks:
             sink.log({f"eval/{k}": v for k, v in result.items() if isinstance(v, int | float)}, step)
         return result
+
+    def _run_reasoning_eval(self, step: int) -> dict[str, Any]:
+        result = evaluate_reasoning(self.generator, self.verifier, self.eval_prompts,
+                                    int(self.cfg.eval.samples_per_prompt), eval_sampling_params(self.cfg, step), step,
+                                    step_accuracy=self.step_accuracy)
+        self._write_eval(step, result)
+        log.info("eval step %d: pass@1 %s, mean length %.1f", step, _fmt(result["pass_at_1"]),
+                 result["response_length"])
+        return result
+
+    def _write_eval(self, step: int, result: dict[str, Any]) -> None:
+        out = self.run_dir / "eval" / f"step_{step:06d}.json"
+        out.parent.mkdir(exist_ok=True)
+        tmp = out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, out)
+        for sink in self._sinks:
+            sink.log({f"eval/{k}": v for k, v in result.items() if isinstance(v, int | float)}, step)
 
     def _log_metrics(self, metrics: dict[str, Any], bar: Any) -> None:
         metrics.update(judge_counters(self.judge))
@@ -247,9 +295,9 @@ class Trainer:
                      metrics["step"])
         if bar is not None:
             bar.update(1)
-            bar.set_postfix({short: _fmt(metrics.get(key)) for key, short in PROGRESS_KEYS}, refresh=False)
+            bar.set_postfix({short: _fmt(metrics.get(key)) for key, short in self._progress_keys}, refresh=False)
         else:
-            log.debug("step %d %s", metrics["step"], {k: metrics.get(k) for k, _ in PROGRESS_KEYS})
+            log.debug("step %d %s", metrics["step"], {k: metrics.get(k) for k, _ in self._progress_keys})
 
     def _progress(self):
         if not self.cfg.train.progress:
@@ -281,12 +329,13 @@ class Trainer:
     def _write_summary(self) -> None:
         evals = sorted((self.run_dir / "eval").glob("step_*.json")) if (self.run_dir / "eval").is_dir() else []
         last = json.loads(evals[-1].read_text()) if evals else None
-        switch_step = getattr(self.ctx.schedule, "switch_step", None)
-        switched = self.ctx.spec.guidance and switch_step is not None and self.step >= switch_step
+        switch_step = getattr(self._schedule, "switch_step", None)
+        spec = getattr(self.ctx, "spec", None)
+        switched = bool(spec and spec.guidance) and switch_step is not None and self.step >= switch_step
         summary = {
             "method": str(self.cfg.method), "seed": int(self.cfg.run.seed), "steps": self.step,
             # Only a guidance switch that happened is reported (a fixed schedule past the last step is not).
-            "switch_reason": getattr(self.ctx.schedule, "switch_reason", None) if switched else None,
+            "switch_reason": getattr(self._schedule, "switch_reason", None) if switched else None,
             "switch_step": switch_step if switched else None,
             "final_eval": {k: v for k, v in (last or {}).items() if k not in ("criteria", "samples")},
         }

@@ -33,10 +33,10 @@ def test_defaults_chain_is_relative_and_ordered(tmp_path):
 
 def test_overrides_set_add_delete_and_parse_values(tmp_path):
     recipe = write(tmp_path / "r.yaml", {"nemo": {"policy": {"tp": 1}}})
-    cfg = load_config(recipe, ["grpo.group_size=16", "++optim.lr=1e-6", "++nemo.policy.fp8=true",
+    cfg = load_config(recipe, ["grpo.group_size=16", "++nemo.policy.lr=1e-6", "++nemo.policy.fp8=true",
                                "+nemo.cluster.nodes=2", "~nemo.policy.tp", "rise.top_m=null"])
     assert cfg.grpo.group_size == 16
-    assert cfg.optim.lr == pytest.approx(1e-6)  # "1e-6" is a number, not YAML 1.1's string
+    assert cfg.nemo.policy.lr == pytest.approx(1e-6)  # "1e-6" is a number, not YAML 1.1's string
     assert cfg.nemo.policy.fp8 is True and "tp" not in cfg.nemo.policy
     assert cfg.nemo.cluster.nodes == 2
     assert cfg.rise.top_m is None

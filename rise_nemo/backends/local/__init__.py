@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rise_nemo.backends.local.config import LocalConfig, LocalConfigError, parse_local_config
+from rise_nemo.backends.local.critic import LocalCritic
 from rise_nemo.backends.local.engine import LocalEngine
 from rise_nemo.backends.local.generator import LocalGenerator
 from rise_nemo.backends.local.policy import LocalPolicy
@@ -31,10 +32,12 @@ from rise_nemo.backends.local.policy import LocalPolicy
 __all__ = [
     "LocalConfig",
     "LocalConfigError",
+    "LocalCritic",
     "LocalEngine",
     "LocalGenerator",
     "LocalPolicy",
     "build",
+    "build_critic",
     "parse_local_config",
 ]
 
@@ -44,3 +47,8 @@ def build(cfg: Mapping | LocalConfig | None) -> tuple[LocalPolicy, LocalGenerato
     config = cfg if isinstance(cfg, LocalConfig) else parse_local_config(cfg)
     engine = LocalEngine(config)
     return LocalPolicy(engine), LocalGenerator(engine)
+
+
+def build_critic(cfg, policy: LocalPolicy) -> LocalCritic:
+    """A LocalCritic on the policy's engine (a copy of its body + value head), lr ``ppo.critic_lr``."""
+    return LocalCritic(policy.engine, lr=float(cfg.ppo.critic_lr))

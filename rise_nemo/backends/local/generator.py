@@ -75,10 +75,22 @@ class LocalGenerator:
         """Response token ids -> the text the judge sees (also used to locate token spans)."""
         return self.engine.tokenizer.decode(list(token_ids), skip_special_tokens=True).strip()
 
-    def generate(self, prompts: Sequence[Conversation], n: int, params: SamplingParams) -> list[list[Rollout]]:
+    def generate(
+        self,
+        prompts: Sequence[Conversation],
+        n: int,
+        params: SamplingParams,
+        prefixes: Sequence[Sequence[int]] | None = None,
+    ) -> list[list[Rollout]]:
+        """interfaces.Generator.generate. ``prefixes[i]``: given response tokens every sample of prompt i
+        continues (decoded as context after the prompt; docs/DESIGN.md §7). They open each Rollout's
+        ``response_token_ids`` with sampling log-prob 0.0 and ``given_token_count = len(prefixes[i])``."""
         _check_params(params, n)
         if not prompts:
             return []
+        if prefixes is not None and len(prefixes) != len(prompts):
+            raise ValueError(f"generate: {len(prefixes)} prefixes for {len(prompts)} prompts")
+        given = [list(map(int, prefixes[i])) if prefixes is not None else [] for i in range(len(prompts))]
         rng = self.engine.rng
         if params.seed is not None:
             rng = torch.Generator(device=self.engine.device)
@@ -88,10 +100,11 @@ class LocalGenerator:
         results: list[tuple[list[int], list[float], bool]] = []
         bs = self.engine.cfg.generation_batch_size
         for start in range(0, len(rows), bs):
-            chunk = [prompt_ids[i] for i in rows[start : start + bs]]
+            chunk = [prompt_ids[i] + given[i] for i in rows[start : start + bs]]
             results.extend(self._decode_batch(chunk, params, rng))
         out: list[list[Rollout]] = [[] for _ in prompts]
-        for row, (tokens, logps, finished) in zip(rows, results):
+        for row, (sampled, sampled_logps, finished) in zip(rows, results):
+            tokens, logps = given[row] + sampled, [0.0] * len(given[row]) + sampled_logps
             out[row].append(
                 Rollout(
                     prompt_messages=[dict(m) for m in prompts[row]],
@@ -100,6 +113,7 @@ class LocalGenerator:
                     response_text=self.decode_response(tokens),
                     sampling_logprobs=logps,
                     finished=finished,
+                    given_token_count=len(given[row]),
                 )
             )
         return out

@@ -23,6 +23,7 @@ import torch
 
 from rise_nemo.backends.local.engine import LocalEngine
 from rise_nemo.core.logprobs import token_entropy, token_logprobs
+from rise_nemo.core.losses import loss_needs_reference_logprobs
 from rise_nemo.interfaces import KIND_NATURAL, LossFn
 
 
@@ -70,6 +71,9 @@ class LocalPolicy:
         self.tokenizer = engine.tokenizer
         self.train_steps = 0
         self.optimizer = self._new_optimizer(engine.cfg.lr)
+        # Frozen reference weights for a KL term: taken when the first loss that needs them arrives, i.e.
+        # the policy RL starts from (after any warm start); checkpointed with the policy.
+        self.reference: dict[str, torch.Tensor] | None = None
 
     def _new_optimizer(self, lr: float) -> torch.optim.AdamW:
         c = self.engine.cfg
@@ -104,10 +108,24 @@ class LocalPolicy:
         valid = torch.arange(t)[None, :] < lengths[:, None]
         return out * valid
 
+    @torch.no_grad()
+    def reference_logprobs(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """[B, T] log-probs under the frozen reference weights (snapshotted now if none exist yet)."""
+        if self.reference is None:
+            self.reference = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        current = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(self.reference)
+        try:
+            return self.get_logprobs(data)
+        finally:
+            self.model.load_state_dict(current)
+
     # ---- training --------------------------------------------------------------------------------
 
     def train(self, data: Mapping[str, torch.Tensor], loss_fn: LossFn) -> dict[str, float]:
         """One optimiser step on the whole batch (see module docstring for the metrics)."""
+        if loss_needs_reference_logprobs(loss_fn) and "reference_policy_logprobs" not in data:
+            data = {**data, "reference_policy_logprobs": self.reference_logprobs(data)}
         ids = data["input_ids"]
         lengths = _lengths(data)
         b = ids.shape[0]
@@ -163,6 +181,7 @@ class LocalPolicy:
             "rng": self.engine.rng.get_state().clone(),
             "train_steps": self.train_steps,
             "fingerprint": self.engine.fingerprint(),
+            "reference": None if self.reference is None else {k: v.clone() for k, v in self.reference.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -182,6 +201,8 @@ class LocalPolicy:
             group.update(lr=c.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay)
         self.engine.rng.set_state(state["rng"].cpu())
         self.train_steps = int(state.get("train_steps", 0))
+        ref = state.get("reference")
+        self.reference = None if ref is None else {k: v.clone() for k, v in ref.items()}
 
     def save_pretrained(self, path: str | Path) -> Path:
         """Write model + tokenizer in Hugging Face format (loadable again with ``local.model: path``)."""

@@ -12,7 +12,8 @@ generation prompt. ``<|im_end|>`` is the EOS token: the generator stops on it an
 appends it to every target response.
 
 Named built-in vocabularies (``local.tokenizer: builtin:<name>``) are resolved by ``builtin_tokenizer``;
-the demo's is ``builtin:persistent_task`` (rise_nemo.data.persistent_task.vocabulary_corpus).
+the demo's is ``builtin:persistent_task`` (rise_nemo.data.persistent_task.vocabulary_corpus); the
+reasoning task's is ``builtin:reasoning_task`` (rise_nemo.tasks.reasoning.vocabulary_corpus).
 """
 
 from __future__ import annotations
@@ -81,4 +82,9 @@ def builtin_tokenizer(name: str):
         from rise_nemo.data.persistent_task import vocabulary_corpus
 
         return build_word_tokenizer(vocabulary_corpus())
-    raise ValueError(f"local.tokenizer: unknown built-in tokenizer 'builtin:{name}'; known: builtin:persistent_task")
+    if name == "reasoning_task":
+        from rise_nemo.tasks.reasoning import vocabulary_corpus as reasoning_corpus
+
+        return build_word_tokenizer(reasoning_corpus())
+    raise ValueError(f"local.tokenizer: unknown built-in tokenizer 'builtin:{name}'; known: "
+                     "builtin:persistent_task, builtin:reasoning_task")

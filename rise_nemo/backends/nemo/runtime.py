@@ -31,6 +31,7 @@ from rise_nemo.backends.nemo.batch import (
     to_nemo_train_batch,
 )
 from rise_nemo.backends.nemo.loss import RiseLossFunction
+from rise_nemo.core.losses import loss_needs_reference_logprobs
 from rise_nemo.interfaces import KIND_NATURAL, LossFn, Rollout, SamplingParams
 
 log = logging.getLogger("rise_nemo.backends.nemo")
@@ -157,12 +158,6 @@ class NemoGenerator:
         )
 
 
-def _kl_coef(loss_fn: LossFn) -> float:
-    """The KL coefficient of the orchestration's objective (a partial of core.losses.rise_objective)."""
-    cfg = getattr(loss_fn, "keywords", {}).get("cfg")
-    return float(getattr(cfg, "kl_coef", 0.0) or 0.0)
-
-
 class NemoPolicy:
     """``interfaces.Policy`` on NeMo-RL's Megatron Policy; one ``Policy.train`` call per step."""
 
@@ -209,7 +204,7 @@ class NemoPolicy:
         self.session.close_generation()
         check_train_batch(data)
         batch = dict(data)
-        if _kl_coef(loss_fn) > 0 and "reference_policy_logprobs" not in batch:
+        if loss_needs_reference_logprobs(loss_fn) and "reference_policy_logprobs" not in batch:
             self.session.policy.prepare_for_lp_inference()
             batch["reference_policy_logprobs"] = self.reference_logprobs(batch)
         train_data, rows = to_nemo_train_batch(

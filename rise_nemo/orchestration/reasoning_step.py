@@ -1,0 +1,173 @@
+"""One training step of the reasoning methods (docs/DESIGN.md §7), written against rise_nemo.interfaces.
+
+``reasoning_train_step`` reads top to bottom; which method runs is configuration (rise_nemo.methods):
+
+  ppo   G rollouts per problem, sparse verifier reward on the last token, critic values, GAE (core.value),
+        clipped PG on per-token advantages, then the critic's clipped value loss
+  grpo  G rollouts per problem, sparse 0/1 verifier reward, group advantages (eq. 1 of RISE-RL / GRPO)
+
+The seams RRL and ExpRL plug into without forking this step:
+  start states   ``ReasoningContext.start_states(problems, step)`` gives per-problem response prefixes
+                 (token ids) the rollouts continue (RRL's replay buffer); ``None`` = from scratch. Given
+                 tokens are context only (token_mask 0) and GAE starts at the state (core.value.gae).
+  scores         ``ReasoningContext.score`` turns (problems, rollouts) into rewards [N, G] and a valid mask
+                 (default: the verifier's 0/1; ExpRL: a reference judge's normalised score) and may return
+                 per-token rewards for segment advantages later.
+Sampling, batch building and the policy loss are the RISE step's own stage functions
+(rise_nemo.orchestration.step): one piece of code where the logic is the same.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rise_nemo.core.advantages import group_advantages
+from rise_nemo.core.problem import ReasoningProblem
+from rise_nemo.core.value import explained_variance, gae, make_value_loss, terminal_token_rewards, whiten
+from rise_nemo.interfaces import KIND_NATURAL, Critic, Generator, Policy, Rollout, Verifier
+from rise_nemo.methods import Method
+from rise_nemo.orchestration.step import (
+    STREAM_NATURAL,
+    TrainSample,
+    _finite,
+    build_batch,
+    make_policy_loss_fn,
+    sampling_params,
+)
+
+StartStates = Callable[[Sequence[ReasoningProblem], int], "list[list[int]] | None"]
+
+
+def no_start_states(problems: Sequence[ReasoningProblem], step: int) -> None:
+    """PPO / GRPO: every rollout starts from the problem alone."""
+    return None
+
+
+@dataclass
+class ReasoningContext:
+    """Everything a reasoning step needs; built once by the trainer."""
+
+    cfg: Any  # validated recipe
+    policy: Policy
+    generator: Generator
+    verifier: Verifier
+    method: Method
+    critic: Critic | None = None  # required when method.critic
+    pad_id: int = 0
+    start_states: StartStates = no_start_states
+    rng: random.Random = field(default_factory=random.Random)  # method-level choices (RRL replay); checkpointed
+
+    def __post_init__(self) -> None:
+        if self.method.critic and self.critic is None:
+            raise ValueError(f"method {self.method.name!r} needs a critic (backend build_critic)")
+
+    def score(self, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]]):
+        return verify_rewards(self.verifier, problems, groups)
+
+
+def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProblem], step: int) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    prefixes = ctx.start_states(problems, step)  # None, or per-problem given response tokens (RRL)
+    groups = sample_groups(ctx, problems, prefixes, step)  # [N][G]
+    rewards, valid = ctx.score(problems, groups)  # [N, G] each
+    t_sample = time.perf_counter()
+
+    samples = [TrainSample(list(r.prompt_token_ids), list(r.response_token_ids), KIND_NATURAL, 0.0,
+                           list(r.sampling_logprobs), sampled_under_train_prompt=True,
+                           given_tokens=r.given_token_count)
+               for i, g in enumerate(groups) for j, r in enumerate(g) if bool(valid[i, j])]
+    batch = build_batch(samples, ctx.pad_id)
+    batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
+    row_rewards = rewards[valid]  # [B], same order as the samples
+    extra: dict[str, Any] = {}
+    if ctx.method.critic:
+        extra = add_gae_columns(ctx, batch, row_rewards)  # token_advantages, values, returns
+    else:
+        batch["advantages"] = group_advantages(rewards, eps=float(ctx.cfg.grpo.eps), valid=valid)[valid]  # [B]
+    train_metrics = ctx.policy.train(batch, make_policy_loss_fn(ctx.cfg))
+    if ctx.critic is not None:
+        value_loss = make_value_loss(ctx.cfg.ppo.value_clip)
+        for _ in range(int(ctx.cfg.ppo.critic_updates)):
+            train_metrics.update(ctx.critic.train(batch, value_loss))
+    t_train = time.perf_counter()
+    return reasoning_metrics(step, groups, rewards, valid, batch, {**train_metrics, **extra},
+                             times=(t_start, t_sample, t_train))
+
+
+def sample_groups(
+    ctx: ReasoningContext, problems: Sequence[ReasoningProblem], prefixes: list[list[int]] | None, step: int
+) -> list[list[Rollout]]:
+    """G rollouts per problem under its original prompt, continuing ``prefixes`` when given."""
+    params = sampling_params(ctx.cfg, step, STREAM_NATURAL)
+    return ctx.generator.generate([list(p.messages) for p in problems], int(ctx.cfg.grpo.group_size), params,
+                                  prefixes=prefixes)
+
+
+def verify_rewards(
+    verifier: Verifier, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse rewards [N, G] (1 correct, 0 wrong) and valid [N, G] (False where the verifier could not
+    decide: the response is excluded, never scored). One verifier call for the whole step."""
+    flat_p = [p for p, g in zip(problems, groups) for _ in g]
+    flat_r = [r.response_text for g in groups for r in g]
+    verdicts = verifier.verify(flat_p, flat_r) if flat_r else []
+    if len(verdicts) != len(flat_r):
+        raise RuntimeError(f"verifier returned {len(verdicts)} verdicts for {len(flat_r)} responses")
+    n, g = len(groups), max((len(x) for x in groups), default=0)
+    rewards, valid = torch.zeros(n, g), torch.zeros(n, g, dtype=torch.bool)
+    pos = 0
+    for i, group in enumerate(groups):
+        for j in range(len(group)):
+            v = verdicts[pos]
+            pos += 1
+            if v is not None:
+                rewards[i, j], valid[i, j] = float(bool(v)), True
+    return rewards, valid
+
+
+def add_gae_columns(ctx: ReasoningContext, batch: dict[str, torch.Tensor], row_rewards: torch.Tensor) -> dict:
+    """Critic values, GAE advantages and value targets as batch columns (core.value; NeMo-RL conventions).
+
+    The sparse reward sits on each row's last sampled token; given prefix tokens are not actions, so GAE
+    starts at the state after them, bootstrapped from the critic's value there."""
+    p = ctx.cfg.ppo
+    mask = batch["token_mask"]  # [B, T], sampled response tokens
+    values = ctx.critic.get_values(batch)  # [B, T], V(input_ids[:, :t])
+    adv, returns = gae(terminal_token_rewards(row_rewards, mask), values, mask, float(p.gae_gamma),
+                       float(p.gae_lambda))
+    if p.normalize_advantages:
+        adv = whiten(adv, mask)
+    batch["token_advantages"] = adv
+    batch["advantages"] = torch.zeros(mask.shape[0])  # per-sample column unused by the PG term (kept for shape)
+    batch["values"] = values
+    batch["returns"] = returns
+    batch["value_token_count"] = torch.full((mask.shape[0],), float(mask.sum()))
+    return {"critic/explained_variance": explained_variance(values, returns, mask),
+            "critic/value_mean": float(values[mask.bool()].mean()) if bool(mask.any()) else None}
+
+
+def reasoning_metrics(step, groups, rewards, valid, batch, train_metrics, times) -> dict[str, Any]:
+    t_start, t_sample, t_train = times
+    lengths = [len(r.response_token_ids) - r.given_token_count for g in groups for r in g]
+    metrics: dict[str, Any] = {
+        "step": step,
+        "reward/mean": float(rewards[valid].mean()) if bool(valid.any()) else None,
+        "reward/solved_groups": int(((rewards * valid).sum(1) > 0).sum()),
+        "verifier/undecided_excluded": int((~valid).sum()),
+        "batch/rows": int(batch["input_ids"].shape[0]),
+        "batch/given_tokens": int(sum(r.given_token_count for g in groups for r in g)),
+        "response/length_mean": sum(lengths) / max(1, len(lengths)),
+        "loss/pg": None,
+        "policy/entropy": None,
+    }
+    metrics.update({k: _finite(float(v)) if v is not None else None for k, v in train_metrics.items()})
+    metrics["time/step_s"] = t_train - t_start
+    metrics["time/sample_s"] = t_sample - t_start
+    metrics["time/train_s"] = t_train - t_sample
+    return metrics

@@ -1,0 +1,6 @@
+"""Embedded tasks generated in code with a seed (CPU stand-ins for real data sets).
+
+``rise_nemo.tasks.reasoning``: chained modular arithmetic, the CPU stand-in for math reasoning used by the
+reasoning methods (PPO, sparse GRPO, RRL, ExpRL; docs/DESIGN.md §7). Warm starts are cached under
+``rise_nemo.cache.cache_dir("warm_start")`` like the persistent-criteria task's.
+"""

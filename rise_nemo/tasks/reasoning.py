@@ -1,0 +1,347 @@
+"""Chained modular arithmetic: the embedded verifiable reasoning task (docs/DESIGN.md §7).
+
+A problem of difficulty L is a start value and L operations ``add k`` / ``sub k`` (k in 1..operand_max,
+default 5), all modulo a prime M (default 61, so a guessed final answer is right ~1.6% of the time)::
+
+    prompt     mod 61 start 17 a add 3 b sub 5 c add 4
+    reference  step a add 3 = 20 step b sub 5 = 15 step c add 4 = 19 answer 19
+
+Operations carry letter labels a, b, c, ... so that a step can find its operation in the prompt by the
+label (an induction-head lookup a 2-layer model learns quickly); without labels, repeated operations make
+"the i-th operation" a counting problem the tiny model fails at. Every step is marked by ``step`` and
+states its label, operation and intermediate result, so a response is
+checkable step by step (``step_accuracy``) and RRL can cut the clean reference into canonical states at
+step boundaries (``step_prefixes``). The answer is checked by ``RuleArithmeticVerifier`` (last
+``answer N`` of the response).
+
+Warm start (``warm_start_reasoning``): supervised fine-tuning of the tiny model on freshly generated
+instances of EVERY length 1..max_steps (a prototype showed lengths absent from the warm start break down:
+hold out instances, not lengths), with a fraction ``noise`` of the references' intermediate results
+replaced by a wrong value (later steps continue from the written value). The noise sets a flat per-step
+accuracy p, so success on an L-step problem is about p**L + guessing: failure comes from length, the
+situation RRL's paper describes. Held-out instances are never used for the warm start. The problems keep
+their CLEAN references (RRL's canonical states, ExpRL's judge); only the SFT targets are noisy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+
+from rise_nemo.core.problem import ReasoningProblem
+
+TASK_VERSION = 2
+MAX_MODULUS = 128  # the built-in vocabulary holds the numbers 0..127
+LABELS = "abcdefghijkl"  # operation labels; at most 12 steps
+STEP, ANSWER = "step", "answer"
+OPS = {"add": 1, "sub": -1}
+_ANSWER_RE = re.compile(r"\banswer\s+(-?\d+)")
+_STEP_RE = re.compile(r"\bstep\s+[a-l]\s+(add|sub)\s+(\d+)\s*=\s*(-?\d+)")
+_PROBLEM_RE = re.compile(r"^mod (\d+) start (\d+)((?: [a-l] (?:add|sub) \d+)+)$")
+
+
+class ReasoningTaskError(ValueError):
+    """Invalid ``data.task`` / ``data.warm_start`` key for the reasoning task; the message names the key."""
+
+
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
+
+
+@dataclass(frozen=True)
+class ChainTaskConfig:
+    """``data.task`` keys of the reasoning task (unknown keys raise)."""
+
+    seed: int = 0
+    modulus: int = 61  # prime >= 61: a guessed answer is right ~1/modulus of the time
+    max_steps: int = 10  # difficulty levels 1..max_steps
+    operand_max: int = 5  # operands 1..operand_max
+    train_per_level: int = 64  # RL training problems per level
+    heldout_per_level: int = 16  # held-out evaluation problems per level (never in the warm start)
+    train_levels: tuple[int, ...] | None = None  # levels of the RL training set; None = all
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping | None) -> ChainTaskConfig:
+        raw = dict(cfg or {})
+        known = {f.name for f in fields(cls)}
+        for key in raw:
+            if key not in known:
+                raise ReasoningTaskError(f"data.task.{key}: unknown key for the reasoning task; known keys: "
+                                         f"{sorted(known)}")
+        if raw.get("train_levels") is not None:
+            raw["train_levels"] = tuple(int(x) for x in raw["train_levels"])
+        out = cls(**raw)
+        if not _is_prime(out.modulus) or not 61 <= out.modulus <= MAX_MODULUS:
+            raise ReasoningTaskError(f"data.task.modulus: expected a prime in [61, {MAX_MODULUS}], got {out.modulus}")
+        if not 1 <= out.max_steps <= len(LABELS):
+            raise ReasoningTaskError(f"data.task.max_steps: expected 1..{len(LABELS)}, got {out.max_steps!r}")
+        for key in ("operand_max", "train_per_level", "heldout_per_level"):
+            if int(getattr(out, key)) < 1:
+                raise ReasoningTaskError(f"data.task.{key}: expected an integer >= 1, got {getattr(out, key)!r}")
+        if out.operand_max >= out.modulus:
+            raise ReasoningTaskError(f"data.task.operand_max: must be < modulus {out.modulus}")
+        for level in out.train_levels or ():
+            if not 1 <= level <= out.max_steps:
+                raise ReasoningTaskError(f"data.task.train_levels: level {level} outside 1..{out.max_steps}")
+        return out
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One instance: start value and operations [(sign, k)]."""
+
+    modulus: int
+    start: int
+    ops: tuple[tuple[str, int], ...]
+
+    @property
+    def key(self) -> tuple:
+        return (self.modulus, self.start, self.ops)
+
+    def values(self) -> list[int]:
+        """The clean intermediate results, one per step."""
+        out, v = [], self.start
+        for op, k in self.ops:
+            v = (v + OPS[op] * k) % self.modulus
+            out.append(v)
+        return out
+
+    def prompt_text(self) -> str:
+        return f"mod {self.modulus} start {self.start} " + " ".join(
+            f"{LABELS[i]} {op} {k}" for i, (op, k) in enumerate(self.ops))
+
+    def solution_text(self, written: Sequence[int] | None = None) -> str:
+        """The step-by-step solution; ``written`` overrides the intermediate results (noisy SFT targets)."""
+        vals = self.values() if written is None else list(written)
+        steps = " ".join(f"{STEP} {LABELS[i]} {op} {k} = {v}" for i, ((op, k), v) in enumerate(zip(self.ops, vals)))
+        return f"{steps} {ANSWER} {vals[-1]}"
+
+    def problem(self, prompt_id: str) -> ReasoningProblem:
+        return ReasoningProblem(
+            prompt_id=prompt_id,
+            messages=({"role": "user", "content": self.prompt_text()},),
+            reference_solution=self.solution_text(),
+            answer=str(self.values()[-1]),
+            difficulty=len(self.ops),
+        )
+
+
+def random_chain(rng: random.Random, modulus: int, steps: int, operand_max: int) -> Chain:
+    ops = tuple((rng.choice(tuple(OPS)), rng.randint(1, operand_max)) for _ in range(steps))
+    return Chain(modulus, rng.randrange(modulus), ops)
+
+
+def parse_chain(text: str) -> Chain:
+    """The Chain a prompt text describes (inverse of ``Chain.prompt_text``)."""
+    m = _PROBLEM_RE.match(text.strip())
+    if not m:
+        raise ValueError(f"not a chained-arithmetic problem: {text!r}")
+    toks = m.group(3).split()
+    if toks[0::3] != list(LABELS[: len(toks) // 3]):
+        raise ValueError(f"operation labels out of order in {text!r}")
+    return Chain(int(m.group(1)), int(m.group(2)), tuple((toks[i + 1], int(toks[i + 2])) for i in range(0, len(toks), 3)))
+
+
+def problem_chain(problem: ReasoningProblem) -> Chain:
+    return parse_chain(problem.messages[-1]["content"])
+
+
+@dataclass
+class ChainTask:
+    cfg: ChainTaskConfig
+    train: list[ReasoningProblem]
+    heldout: list[ReasoningProblem]
+    heldout_keys: frozenset
+
+    def fingerprint(self) -> str:
+        spec = {"cfg": asdict(self.cfg), "version": TASK_VERSION}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+    def warm_start_fingerprint(self) -> str:
+        """What the warm start depends on: the instance distribution and the held-out set (not the RL
+        training levels), so recipes that differ only in their RL training set share one cached warm start."""
+        c = self.cfg
+        spec = {"seed": c.seed, "modulus": c.modulus, "max_steps": c.max_steps, "operand_max": c.operand_max,
+                "heldout_per_level": c.heldout_per_level, "version": TASK_VERSION}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+    def sample_sft_chain(self, rng: random.Random, steps: int) -> Chain:
+        """A fresh instance of ``steps`` steps that is not held out."""
+        while True:
+            chain = random_chain(rng, self.cfg.modulus, steps, self.cfg.operand_max)
+            if chain.key not in self.heldout_keys:
+                return chain
+
+
+def make_chain_task(**kwargs) -> ChainTask:
+    """Training and held-out problems for every level, generated from ``seed`` (disjoint instances)."""
+    cfg = ChainTaskConfig.from_mapping(kwargs)
+    rng = random.Random(f"chain-task-{cfg.seed}")
+    heldout, seen = [], set()
+    for level in range(1, cfg.max_steps + 1):
+        for i in range(cfg.heldout_per_level):
+            chain = random_chain(rng, cfg.modulus, level, cfg.operand_max)
+            seen.add(chain.key)
+            heldout.append(chain.problem(f"chain-heldout-L{level:02d}-{i:03d}"))
+    train = []
+    for level in cfg.train_levels or range(1, cfg.max_steps + 1):
+        i = 0
+        while i < cfg.train_per_level:
+            chain = random_chain(rng, cfg.modulus, level, cfg.operand_max)
+            if chain.key in seen:
+                continue
+            train.append(chain.problem(f"chain-train-L{level:02d}-{i:03d}"))
+            i += 1
+    return ChainTask(cfg, train, heldout, frozenset(seen))
+
+
+def vocabulary_corpus() -> list[str]:
+    """Every word the task's prompts and responses use (the built-in ``reasoning_task`` tokenizer)."""
+    return ["mod start add sub step answer =", " ".join(LABELS), " ".join(str(n) for n in range(MAX_MODULUS))]
+
+
+# ---- checking ------------------------------------------------------------------------------------
+
+
+def final_answer(response: str) -> str | None:
+    found = _ANSWER_RE.findall(response)
+    return found[-1] if found else None
+
+
+class RuleArithmeticVerifier:
+    """interfaces.Verifier for the chained-arithmetic task: the response's last ``answer N`` equals the
+    problem's answer. Always decidable (a response without an answer is wrong, never unknown)."""
+
+    def verify(self, problems: Sequence[ReasoningProblem], responses: Sequence[str]) -> list[bool | None]:
+        if len(problems) != len(responses):
+            raise ValueError(f"verify: {len(problems)} problems but {len(responses)} responses")
+        return [final_answer(r) == p.answer for p, r in zip(problems, responses)]
+
+
+def step_accuracy(problem: ReasoningProblem, response: str) -> tuple[int, int]:
+    """(locally correct steps, steps written): step i is correct when it names the problem's i-th
+    operation and applies it correctly to the value the response itself wrote before it (so one error
+    is counted once, not in every later step)."""
+    chain = problem_chain(problem)
+    prev, correct, total = chain.start, 0, 0
+    for i, (op, k, v) in enumerate(_STEP_RE.findall(response)):
+        total += 1
+        value = int(v)
+        if i < len(chain.ops) and (op, int(k)) == chain.ops[i] and value == (prev + OPS[op] * int(k)) % chain.modulus:
+            correct += 1
+        prev = value
+    return correct, total
+
+
+def step_prefixes(problem: ReasoningProblem) -> list[str]:
+    """The clean reference cut after each of its first 0..L-1 steps (RRL's canonical states), as text."""
+    chain = problem_chain(problem)
+    vals = chain.values()
+    parts = [f"{STEP} {LABELS[i]} {op} {k} = {v}" for i, ((op, k), v) in enumerate(zip(chain.ops, vals))]
+    return [" ".join(parts[:i]) for i in range(len(parts))]
+
+
+# ---- warm start ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ReasoningWarmStartConfig:
+    """``data.warm_start`` keys of the reasoning task (unknown keys raise)."""
+
+    steps: int = 800
+    batch_size: int = 32
+    lr: float = 6e-3  # peak; decays linearly to 10%
+    noise: float = 0.25  # probability that an SFT target's intermediate result is replaced by a wrong value
+    seed: int = 0
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping | None) -> ReasoningWarmStartConfig:
+        raw = dict(cfg or {})
+        known = {f.name for f in fields(cls)}
+        for key in raw:
+            if key not in known:
+                raise ReasoningTaskError(f"data.warm_start.{key}: unknown key for the reasoning task; known keys: "
+                                         f"{sorted(known)}")
+        out = cls(**raw)
+        if not 0.0 <= out.noise < 1.0:
+            raise ReasoningTaskError(f"data.warm_start.noise: expected a probability in [0, 1), got {out.noise!r}")
+        for key in ("steps", "batch_size"):
+            if int(getattr(out, key)) < 1:
+                raise ReasoningTaskError(f"data.warm_start.{key}: expected an integer >= 1")
+        return out
+
+
+def noisy_solution(chain: Chain, noise: float, rng: random.Random) -> str:
+    """The solution with each intermediate result replaced by a wrong value with probability ``noise``;
+    later steps continue from the value written, so every other step stays locally correct."""
+    written, v = [], chain.start
+    for op, k in chain.ops:
+        v = (v + OPS[op] * k) % chain.modulus
+        if rng.random() < noise:
+            v = (v + rng.randrange(1, chain.modulus)) % chain.modulus
+        written.append(v)
+    return chain.solution_text(written)
+
+
+def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | ReasoningWarmStartConfig | None = None,
+                         cache_dir: str | Path | None = None, progress: bool = True) -> dict:
+    """SFT the local policy on noisy references of every length (or load it from the cache).
+
+    Returns {"steps", "final_loss", "train_seconds", "cached", "cache_path"}. Leaves a fresh optimiser
+    at ``local.lr``. Needs the local backend's extras (``policy.engine``, ``generator.encode_response``).
+    """
+    from tqdm.auto import tqdm
+
+    from rise_nemo.data.persistent_task import Example, _sft_batch, sft_loss
+
+    wcfg = cfg if isinstance(cfg, ReasoningWarmStartConfig) else ReasoningWarmStartConfig.from_mapping(cfg)
+    spec = {"task": task.warm_start_fingerprint(), "model": policy.engine.fingerprint(), "warm_start": asdict(wcfg)}
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    cache = Path(cache_dir) / f"reasoning_{key}" if cache_dir is not None else None
+    if cache is not None and (cache / "stats.json").exists():
+        policy.model.load_state_dict(torch.load(cache / "model.pt", map_location=policy.engine.device, weights_only=True))
+        policy.reset_optimizer()
+        return {**json.loads((cache / "stats.json").read_text()), "cached": True, "cache_path": str(cache)}
+
+    rng = random.Random(f"chain-warm-{wcfg.seed}")
+    policy.reset_optimizer(lr=wcfg.lr)
+    entropy_flag, policy.engine.cfg.compute_entropy = policy.engine.cfg.compute_entropy, False
+    t0, loss = time.perf_counter(), float("nan")
+    bar = tqdm(range(wcfg.steps), desc="warm start (reasoning)", disable=not progress, mininterval=1.0)
+    try:
+        for step in bar:
+            for group in policy.optimizer.param_groups:
+                group["lr"] = wcfg.lr * (1.0 - 0.9 * step / max(wcfg.steps - 1, 1))
+            examples = []
+            for _ in range(wcfg.batch_size):
+                chain = task.sample_sft_chain(rng, rng.randint(1, task.cfg.max_steps))
+                messages = [{"role": "user", "content": chain.prompt_text()}]
+                examples.append(Example(messages, noisy_solution(chain, wcfg.noise, rng)))
+            loss = policy.train(_sft_batch(examples, generator), sft_loss)["sft/nll"]
+            bar.set_postfix(nll=f"{loss:.3f}")
+    finally:
+        policy.engine.cfg.compute_entropy = entropy_flag
+    policy.reset_optimizer()
+    policy.train_steps = 0
+    stats = {"steps": wcfg.steps, "final_loss": loss, "train_seconds": time.perf_counter() - t0,
+             "cached": False, "cache_path": ""}
+    if cache is not None:
+        tmp = cache.with_name(cache.name + f".tmp{time.time_ns()}")
+        tmp.mkdir(parents=True)
+        torch.save({k: v.detach().cpu() for k, v in policy.model.state_dict().items()}, tmp / "model.pt")
+        (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
+        try:
+            tmp.rename(cache)
+        except OSError:  # another process finished first: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+        stats["cache_path"] = str(cache)
+    return stats

@@ -1,0 +1,98 @@
+"""The embedded chained-arithmetic reasoning task: generation, references, verifier, step checks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rise_nemo.tasks.reasoning import (
+    ReasoningTaskError,
+    RuleArithmeticVerifier,
+    make_chain_task,
+    noisy_solution,
+    parse_chain,
+    problem_chain,
+    step_accuracy,
+    step_prefixes,
+)
+
+
+def test_task_is_seeded_covers_every_level_and_holds_out_instances():
+    a, b = make_chain_task(seed=3, max_steps=10, train_per_level=5, heldout_per_level=4), make_chain_task(
+        seed=3, max_steps=10, train_per_level=5, heldout_per_level=4)
+    assert [p.messages for p in a.heldout] == [p.messages for p in b.heldout]
+    assert sorted({p.difficulty for p in a.heldout}) == list(range(1, 11))
+    assert sorted({p.difficulty for p in a.train}) == list(range(1, 11))
+    held = {problem_chain(p).key for p in a.heldout}
+    assert not held & {problem_chain(p).key for p in a.train}
+    rng = random.Random(0)
+    for _ in range(2000):  # the warm start never draws a held-out instance (level 1 has few instances)
+        assert a.sample_sft_chain(rng, 1).key not in held
+    c = make_chain_task(seed=4, max_steps=10, train_per_level=5, heldout_per_level=4)
+    assert [p.messages for p in c.heldout] != [p.messages for p in a.heldout]
+
+
+def test_train_levels_restrict_the_training_set_only():
+    task = make_chain_task(max_steps=12, train_levels=[10, 12], train_per_level=3)
+    assert sorted({p.difficulty for p in task.train}) == [10, 12]
+    assert sorted({p.difficulty for p in task.heldout}) == list(range(1, 13))
+
+
+def test_reference_is_step_by_step_checkable_and_verified():
+    task = make_chain_task(max_steps=6, heldout_per_level=3)
+    verifier = RuleArithmeticVerifier()
+    for p in task.heldout:
+        chain = problem_chain(p)
+        assert parse_chain(chain.prompt_text()) == chain
+        assert step_accuracy(p, p.reference_solution) == (p.difficulty, p.difficulty)
+        assert p.reference_solution.count("step") == p.difficulty
+        assert p.reference_solution.endswith(f"answer {p.answer}")
+        assert int(p.answer) == chain.values()[-1]
+    probs = task.heldout[:3]
+    wrong = [p.reference_solution.rsplit(" ", 1)[0] + f" {(int(p.answer) + 1) % 97}" for p in probs]
+    assert verifier.verify(probs, [p.reference_solution for p in probs]) == [True] * 3
+    assert verifier.verify(probs, wrong) == [False] * 3
+    assert verifier.verify(probs[:1], ["no answer here"]) == [False]
+
+
+def test_known_example():
+    chain = parse_chain("mod 97 start 95 a add 3 b sub 5 c add 9")
+    assert chain.values() == [1, 93, 5]
+    assert chain.solution_text() == "step a add 3 = 1 step b sub 5 = 93 step c add 9 = 5 answer 5"
+    with pytest.raises(ValueError, match="labels"):
+        parse_chain("mod 97 start 95 a add 3 c sub 5")
+
+
+def test_noisy_references_err_once_per_corrupted_step():
+    task = make_chain_task(max_steps=12, heldout_per_level=2)
+    p = [q for q in task.heldout if q.difficulty == 12][0]
+    rng = random.Random(0)
+    wrong = total = 0
+    for _ in range(300):
+        ok, n = step_accuracy(p, noisy_solution(problem_chain(p), 0.3, rng))
+        wrong += n - ok
+        total += n
+    assert 0.25 < wrong / total < 0.35  # the noise rate, each corruption counted once
+    assert step_accuracy(p, noisy_solution(problem_chain(p), 0.0, rng)) == (12, 12)
+
+
+def test_step_prefixes_are_the_clean_reference_cut_at_step_boundaries():
+    task = make_chain_task(max_steps=4, heldout_per_level=1)
+    p = task.heldout[-1]
+    prefixes = step_prefixes(p)
+    assert len(prefixes) == 4 and prefixes[0] == ""
+    assert all(p.reference_solution.startswith(x) for x in prefixes)
+
+
+def test_bad_task_keys_name_the_key():
+    with pytest.raises(ReasoningTaskError, match="data.task.modulus"):
+        make_chain_task(modulus=60)
+    with pytest.raises(ReasoningTaskError, match="data.task.modulus"):
+        make_chain_task(modulus=31)
+    with pytest.raises(ReasoningTaskError, match="data.task.colour"):
+        make_chain_task(colour=1)
+    with pytest.raises(ReasoningTaskError, match="max_steps"):
+        make_chain_task(max_steps=13)
+    with pytest.raises(ReasoningTaskError, match="train_levels"):
+        make_chain_task(max_steps=5, train_levels=[6])
