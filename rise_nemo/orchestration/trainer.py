@@ -286,7 +286,8 @@ class Trainer:
         with open(self.run_dir / "metrics.jsonl", "a") as fh:
             fh.write(json.dumps(metrics) + "\n")
             fh.flush()
-        if self.ctx.last_samples:
+        # samples.jsonl: the RISE step records its rollouts; the reasoning step does not yet.
+        if getattr(self.ctx, "last_samples", None):
             with open(self.run_dir / "samples.jsonl", "a") as fh:
                 fh.write("".join(json.dumps(r) + "\n" for r in self.ctx.last_samples))
             self.ctx.last_samples = []

@@ -40,7 +40,8 @@ def test_generate_continues_a_given_prefix():
 def _prefix_batch(gen, given: int):
     prompt = gen.encode_prompt(PROMPT)
     response = gen.encode_response("step a add 3 = 8 step b sub 2 = 6 answer 6")
-    s = TrainSample(prompt, response, KIND_NATURAL, 1.0, [0.0] * len(response), given_tokens=given)
+    s = TrainSample(prompt, response, KIND_NATURAL, 1.0, [0.0] * len(response), sampled_under_train_prompt=True,
+                    given_tokens=given)
     batch = build_batch([s])
     return batch, len(prompt)
 
