@@ -2,7 +2,7 @@
 
 ``core.losses.ObjectiveConfig`` takes its defaults and its validation from here, and so does the recipe
 schema (``grpo.clip_low`` ... ``rise.a_max``), so a bad value is rejected when the recipe is loaded, with
-the same rule the loss applies. Defaults are the RISE-RL paper's (DESIGN.md §2): clip 0.2 / 0.28, KL 0,
+the same rule the loss applies. Defaults are the RISE-RL paper's (docs/DESIGN.md §2): clip 0.2 / 0.28, KL 0,
 entropy 0, gamma 0.1, lambda_guide 0.05 (writing/chat; 0.01 for health/science), a_max 1.0.
 """
 
