@@ -36,7 +36,7 @@ import torch
 
 from rise_nemo.backends.nemo.batch import pad_train_batch, sum_microbatch_metrics
 from rise_nemo.backends.nemo.config import value_config
-from rise_nemo.backends.nemo.loss import Objective, _nemo_enums
+from rise_nemo.backends.nemo.loss import Objective, RiseLossFunction, _nemo_enums
 
 VALUE_COUNT_KEY = "value_token_count"  # [B]: sum(token_mask * sample_mask) over the WHOLE global batch
 VALUE_REQUIRED_KEYS = ("input_ids", "input_lengths", "token_mask", "sample_mask", "returns")
@@ -59,38 +59,22 @@ def align_values(values: torch.Tensor, width: int) -> torch.Tensor:
     return values
 
 
-class ValueLossFunction:
+class ValueLossFunction(RiseLossFunction):
     """NeMo-RL ``LossFunction`` (input_type LOGIT, loss_type TOKEN_LEVEL) around a core value loss.
 
     ``objective(values [B, T], data) -> (loss, metrics)``, e.g. a ``functools.partial`` of the core's
     clipped value loss (picklable). NeMo-RL's ``global_valid_*`` normalisers are not used: the objective
-    divides by ``data["value_token_count"]`` (see the module docstring).
+    divides by ``data["value_token_count"]`` (see the module docstring). Everything but the input type and
+    the alignment of the model output is the policy adapter's.
     """
-
-    def __init__(self, objective: Objective):
-        self.objective = objective
-
-    @property
-    def loss_type(self) -> Any:
-        return _nemo_enums()[0].TOKEN_LEVEL
 
     @property
     def input_type(self) -> Any:
         return _nemo_enums()[1].LOGIT
 
-    def __call__(
-        self,
-        logits: torch.Tensor,
-        data: Mapping[str, torch.Tensor],
-        global_valid_seqs: torch.Tensor | None = None,
-        global_valid_toks: torch.Tensor | None = None,
-        **_: Any,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        values = align_values(logits.float(), data["token_mask"].shape[1])  # [B, T]
-        loss, metrics = self.objective(values, data)
-        out = {k: float(v) for k, v in metrics.items() if v is not None}
-        out["loss"] = float(loss.detach())  # NeMo-RL's worker reads metrics["loss"] per micro-batch
-        return loss, out
+    @staticmethod
+    def align(model_output: torch.Tensor, width: int) -> torch.Tensor:
+        return align_values(model_output, width)
 
 
 def attach_value_count(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

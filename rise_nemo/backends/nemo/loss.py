@@ -76,6 +76,11 @@ class RiseLossFunction:
     def input_type(self) -> Any:
         return _nemo_enums()[1].LOGPROB
 
+    @staticmethod
+    def align(model_output: torch.Tensor, width: int) -> torch.Tensor:
+        """NeMo-RL's per-token model output -> [B, T] aligned with input_ids (what the objective takes)."""
+        return align_next_token_logprobs(model_output, width)
+
     def __call__(
         self,
         next_token_logprobs: torch.Tensor,
@@ -86,9 +91,7 @@ class RiseLossFunction:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         # global_valid_* are NeMo-RL's normalisers over token_mask * sample_mask of ALL rows; the core
         # objective normalises each kind by its own global count instead (eqs. 11-12), read from data.
-        width = data["token_mask"].shape[1]
-        logprobs = align_next_token_logprobs(next_token_logprobs.float(), width)  # [B, T]
-        loss, metrics = self.objective(logprobs, data)
+        loss, metrics = self.objective(self.align(next_token_logprobs.float(), data["token_mask"].shape[1]), data)
         # NeMo-RL's worker reads metrics["loss"] per micro-batch to report the global loss.
         out = {k: float(v) for k, v in metrics.items() if v is not None}
         out["loss"] = float(loss.detach())
