@@ -106,13 +106,15 @@ def run(args: argparse.Namespace) -> int:
     if step == 0:  # the recipe's initial policy: on the persistent task that is the warm-started model
         warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
     if cfg.data.source in REASONING_SOURCES:
-        return _reasoning_eval(cfg, generator, eval_prompts, step, args, run_dir)
-    result = evaluate(cfg, generator, judge, eval_prompts, step)
+        result, text = _reasoning_eval(cfg, generator, eval_prompts, step)
+    else:
+        result = evaluate(cfg, generator, judge, eval_prompts, step)
+        text = format_eval(result)
     out = Path(args.out) if args.out else (run_dir / "eval" / f"step_{step:06d}.json" if run_dir else None)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1))
-    print(format_eval(result))
+    print(text)
     if out is not None:
         print(f"written: {out}")
     return 0
@@ -121,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
 REASONING_SOURCES = ("chain_arithmetic",)
 
 
-def _reasoning_eval(cfg, generator, problems, step: int, args, run_dir) -> int:
+def _reasoning_eval(cfg, generator, problems, step: int) -> tuple[dict, str]:
+    """pass@k per level on a reasoning task: (result, printable table)."""
     from rise_nemo.orchestration.data import reasoning_tools
     from rise_nemo.orchestration.evaluate import eval_sampling_params
     from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning, format_reasoning_eval
@@ -129,14 +132,7 @@ def _reasoning_eval(cfg, generator, problems, step: int, args, run_dir) -> int:
     verifier, step_accuracy = reasoning_tools(cfg)
     result = evaluate_reasoning(generator, verifier, problems, int(cfg.eval.samples_per_prompt),
                                 eval_sampling_params(cfg, step), step, step_accuracy=step_accuracy)
-    out = Path(args.out) if args.out else (run_dir / "eval" / f"step_{step:06d}.json" if run_dir else None)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
-    print(format_reasoning_eval(result))
-    if out is not None:
-        print(f"written: {out}")
-    return 0
+    return result, format_reasoning_eval(result)
 
 
 def format_eval(result: dict) -> str:
