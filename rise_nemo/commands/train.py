@@ -36,11 +36,25 @@ def _positive_int(text: str) -> int:
     return value
 
 
+class _CurrentStderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted. A handler bound to the stderr of its
+    first caller kept writing to that object after it was replaced and closed (an in-process caller that
+    redirects stderr, pytest's capture): every later log line then failed with "I/O operation on closed file"."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def setup_logging() -> None:
     root = logging.getLogger("rise_nemo")
     if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
                for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _CurrentStderrHandler()
         handler.setFormatter(logging.Formatter("[rise-nemo] %(message)s"))
         root.addHandler(handler)
     root.setLevel(logging.INFO)
