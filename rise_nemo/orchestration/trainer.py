@@ -227,9 +227,7 @@ class Trainer:
         if (step == 0 and not state["pending_eval"]) or (
                 not state["pending_eval"] and latest is not None and latest.name == ckpt.step_dir_name(step)):
             return
-        path = ckpt.save_checkpoint(self.run_dir, step, self.policy, state, critic=self.critic)
-        ckpt.prune_checkpoints(self.run_dir, int(self.cfg.train.keep_checkpoints))
-        log.info("checkpoint step %d -> %s", step, path)
+        self.save(state)
 
     # ------------------------------------------------------------------------------------------------------
     # Checkpoints
@@ -251,10 +249,12 @@ class Trainer:
             "method": str(self.cfg.method),
         }
 
-    def save(self) -> Path:
-        path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.trainer_state(), critic=self.critic)
+    def save(self, state: dict[str, Any] | None = None) -> Path:
+        """Checkpoints the current policy with ``state`` (default: the trainer state now)."""
+        state = self.trainer_state() if state is None else state
+        path = ckpt.save_checkpoint(self.run_dir, int(state["step"]), self.policy, state, critic=self.critic)
         ckpt.prune_checkpoints(self.run_dir, int(self.cfg.train.keep_checkpoints))
-        log.info("checkpoint step %d -> %s", self.step, path)
+        log.info("checkpoint step %d -> %s", state["step"], path)
         return path
 
     def resume(self) -> int:
