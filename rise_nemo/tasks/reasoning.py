@@ -261,6 +261,7 @@ class ReasoningWarmStartConfig:
     batch_size: int = 32
     lr: float = 6e-3  # peak; decays linearly to 10%
     noise: float = 0.25  # probability that an SFT target's intermediate result is replaced by a wrong value
+    clean_fraction: float = 0.0  # the first fraction of the steps trains on clean references (no noise)
     seed: int = 0
 
     @classmethod
@@ -272,12 +273,22 @@ class ReasoningWarmStartConfig:
                 raise ReasoningTaskError(f"data.warm_start.{key}: unknown key for the reasoning task; known keys: "
                                          f"{sorted(known)}")
         out = cls(**raw)
+        if not 0.0 <= out.clean_fraction < 1.0:
+            raise ReasoningTaskError(f"data.warm_start.clean_fraction: expected a fraction in [0, 1), got "
+                                     f"{out.clean_fraction!r}")
         if not 0.0 <= out.noise < 1.0:
             raise ReasoningTaskError(f"data.warm_start.noise: expected a probability in [0, 1), got {out.noise!r}")
         for key in ("steps", "batch_size"):
             if int(getattr(out, key)) < 1:
                 raise ReasoningTaskError(f"data.warm_start.{key}: expected an integer >= 1")
         return out
+
+    def noise_at(self, step: int) -> float:
+        """SFT target noise at 0-based ``step``: clean references first, then ``noise``. Why: on noisy targets
+        from the start the tiny model learns the arithmetic far more slowly (measured: noise 0.35 for all 800
+        steps left generated steps ~5% correct; clean first, it learns them, and the short noisy phase after
+        only calibrates the per-step error rate)."""
+        return self.noise if step >= self.clean_fraction * self.steps else 0.0
 
 
 def noisy_solution(chain: Chain, noise: float, rng: random.Random) -> str:
@@ -322,10 +333,11 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
             for group in policy.optimizer.param_groups:
                 group["lr"] = wcfg.lr * (1.0 - 0.9 * step / max(wcfg.steps - 1, 1))
             examples = []
+            noise = wcfg.noise_at(step)
             for _ in range(wcfg.batch_size):
                 chain = task.sample_sft_chain(rng, rng.randint(1, task.cfg.max_steps))
                 messages = [{"role": "user", "content": chain.prompt_text()}]
-                examples.append(Example(messages, noisy_solution(chain, wcfg.noise, rng)))
+                examples.append(Example(messages, noisy_solution(chain, noise, rng)))
             loss = policy.train(_sft_batch(examples, generator), sft_loss)["sft/nll"]
             bar.set_postfix(nll=f"{loss:.3f}")
     finally:

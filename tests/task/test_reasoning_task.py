@@ -8,6 +8,7 @@ import pytest
 
 from rise_nemo.tasks.reasoning import (
     ReasoningTaskError,
+    ReasoningWarmStartConfig,
     RuleArithmeticVerifier,
     make_chain_task,
     noisy_solution,
@@ -96,3 +97,11 @@ def test_bad_task_keys_name_the_key():
         make_chain_task(max_steps=13)
     with pytest.raises(ReasoningTaskError, match="train_levels"):
         make_chain_task(max_steps=5, train_levels=[6])
+
+
+def test_warm_start_trains_on_clean_references_first_then_noisy_ones():
+    cfg = ReasoningWarmStartConfig.from_mapping({"steps": 10, "noise": 0.3, "clean_fraction": 0.6})
+    assert [cfg.noise_at(s) for s in range(10)] == [0.0] * 6 + [0.3] * 4
+    assert ReasoningWarmStartConfig.from_mapping({"steps": 4, "noise": 0.3}).noise_at(0) == 0.3  # default: noisy throughout
+    with pytest.raises(ReasoningTaskError, match="data.warm_start.clean_fraction"):
+        ReasoningWarmStartConfig.from_mapping({"clean_fraction": 1.0})
