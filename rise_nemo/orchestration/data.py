@@ -57,7 +57,7 @@ def warm_start_policy(cfg: Any, policy: Any, generator: Any, progress: bool = Tr
                                     cache_dir=warm_start_cache_dir(cfg), progress=progress)
     if cfg.data.source != "persistent":
         return None
-    from rise_nemo.data.persistent_task import warm_start
+    from rise_nemo.tasks.persistent_warm_start import warm_start
 
     return warm_start(policy, generator, persistent_task(cfg), _plain(cfg.data.warm_start),
                       cache_dir=warm_start_cache_dir(cfg), progress=progress)

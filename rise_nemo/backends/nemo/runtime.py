@@ -66,8 +66,8 @@ class NemoSession:
         self.stale = True  # vLLM holds weights older than the policy's
         self.generating = False
         self.refits = 0
-        self.resumed_from: Path | None = None  # checkpoint the policy was built from (set by build())
-        self.critic: Any = None  # NemoCritic when the recipe has a value model (set by build())
+        self.resumed_from: Path | None = None  # checkpoint the policy was built from (set by build_backend())
+        self.train_cluster: Any = None  # NeMo-RL's training cluster, where build_critic() places the value model
 
     def open_generation(self) -> None:
         if self.generating:
@@ -244,12 +244,6 @@ class NemoPolicy:
                 f"nemo backend: asked to resume from {path}, but the policy was built from {loaded or 'scratch'}; "
                 "NeMo-RL loads checkpoints only when the policy is created (restart the run to resume)"
             )
-
-    def state_dict(self) -> dict:
-        raise NotImplementedError("nemo backend checkpoints through save_checkpoint(dir) (sharded Megatron state)")
-
-    def load_state_dict(self, state: dict) -> None:
-        raise NotImplementedError("nemo backend resumes through load_checkpoint(dir)")
 
 
 def natural_sampling_error(batch: Mapping[str, torch.Tensor]) -> float | None:
