@@ -236,8 +236,8 @@ class NemoPolicy:
         )
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """NeMo-RL loads weights and optimizer when the Policy is built; build() points it at the run's
-        latest checkpoint. This hook only verifies that the orchestration resumes from that same one."""
+        """NeMo-RL loads weights and optimizer when the Policy is built; build_backend(checkpoint=) points it
+        at the checkpoint the caller resumes from. This hook only verifies that it is this same one."""
         loaded = getattr(self.session, "resumed_from", None)
         if loaded is None or Path(loaded).resolve() != Path(path).resolve():
             raise RuntimeError(
