@@ -2,7 +2,7 @@
 
 ``data.source``:
   persistent  the generated persistent-criteria task (rise_nemo.data.persistent_task), parameters in
-              ``data.task``; a fresh run first warm-starts the policy (``data.warm_start``, cached)
+              ``data.task``; a fresh run first warm-starts the policy (``data.warm_start``, cached; tasks.persistent_warm_start)
   jsonl       rubric files (``data.train_path`` / ``data.eval_path``, JSONL or parquet) in any format
               rise_nemo.data.loaders reads (healthbench, rubrichub, rar, rise; ``data.format``)
   chain_arithmetic  the embedded reasoning task (rise_nemo.tasks.reasoning), parameters in ``data.task``;
