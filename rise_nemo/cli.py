@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "report": "rise_nemo.commands.report",
     "demo": "rise_nemo.commands.demo",
     "plan": "rise_nemo.commands.plan",
+    "distill": "rise_nemo.commands.distill",
 }
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -102,10 +103,16 @@ class Policy(Protocol):
         """One optimiser step on the whole batch with ``loss_fn``; returns summed metrics."""
         ...
 
-    def state_dict(self) -> dict:  # weights + optimiser, for checkpoints
+    def save_checkpoint(self, path: Path) -> None:
+        """Write weights + optimiser state (and any sampler RNG) into the NEW directory ``path``, in the
+        backend's own format (local: one ``state.pt``; nemo: NeMo-RL's sharded ``weights/`` + ``optimizer/``).
+        The orchestration publishes the surrounding checkpoint only after this returns."""
         ...
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore exactly what ``save_checkpoint(path)`` wrote (a backend that can only load weights when
+        its model is built -- NeMo-RL -- was built from this checkpoint and verifies that here)."""
+        ...
 
 
 @runtime_checkable
@@ -120,10 +127,13 @@ class Critic(Protocol):
         """One optimiser step of the value model; ``loss_fn(values [B, T], data)`` (clipped value loss)."""
         ...
 
-    def state_dict(self) -> dict:  # weights + optimiser, for checkpoints
+    def save_checkpoint(self, path: Path) -> None:
+        """Write the value model + its optimiser into the NEW directory ``path`` (as ``Policy``)."""
         ...
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore what ``save_checkpoint(path)`` wrote (as ``Policy``)."""
+        ...
 
 
 @dataclass

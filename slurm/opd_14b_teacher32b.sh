@@ -10,14 +10,14 @@
 #SBATCH --open-mode=append
 #SBATCH --output=slurm-%x-%j.out
 # On-policy distillation baseline: Qwen3-14B student, Qwen3-32B teacher (recipes/opd_14b_teacher32b.yaml),
-# run by `python -m rise_nemo.backends.nemo.distill`. NeMo-RL runs the teacher as a policy inside the
+# run by `rise-nemo distill`. NeMo-RL runs the teacher as a policy inside the
 # Ray cluster (its distillation path), so nodes 0-1 are Ray training nodes (student + teacher) and the
 # last node serves the rubric judge used for evaluation (Qwen3-32B, 2 vLLM replicas of TP 4).
 # RISE_TEACHER_NODES=1 would instead serve a teacher with vLLM (RISE_TEACHER_URL) for recipes reading it.
 #   CONTAINER=/path/nemo-rl.sqsh sbatch slurm/opd_14b_teacher32b.sh
 set -a  # export every setting below to slurm/launch.sh
 RISE_RECIPE=${RISE_RECIPE:-recipes/opd_14b_teacher32b.yaml}
-RISE_ENTRY=${RISE_ENTRY:--m rise_nemo.backends.nemo.distill}
+RISE_ENTRY=${RISE_ENTRY:--m rise_nemo.cli distill}
 RISE_USE_RAY=${RISE_USE_RAY:-1}
 RISE_JUDGE_NODES=${RISE_JUDGE_NODES:-1}
 RISE_JUDGE_MODEL=${RISE_JUDGE_MODEL:-Qwen/Qwen3-32B}

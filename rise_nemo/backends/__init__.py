@@ -1,14 +1,25 @@
-"""Backend factory: ``build_backend(cfg) -> (Policy, Generator)`` dispatching on ``cfg.backend``.
+"""Backend factory: ``build_backend(cfg) -> (Policy, Generator)`` and ``build_critic(cfg, policy) -> Critic``,
+dispatching on ``cfg.backend``.
 
 Backends are imported lazily so that choosing ``local`` never imports NeMo-RL and choosing ``nemo``
-never needs transformers' tiny-model helpers. Each backend module exposes ``build(cfg)`` taking the
-recipe's own block for ``local`` (``build(cfg.local)``, see rise_nemo.backends.local) and the whole
-validated recipe for ``nemo`` (it needs ``nemo`` plus ``grpo``/``run``).
+never needs transformers' tiny-model helpers. Every backend module exposes the same two functions, taking
+the whole validated recipe:
+
+    build_backend(cfg, *, checkpoint=None, train_prompts=None) -> (Policy, Generator)
+    build_critic(cfg, policy, *, checkpoint=None) -> Critic
+
+``checkpoint`` is the run's checkpoint directory the caller will resume from (or evaluate): a backend
+that can load weights only when it builds its model (NeMo-RL) loads them there; the caller then calls the
+models' ``load_checkpoint`` hooks either way. ``train_prompts`` is the training set (NeMo-RL's setup
+wants a dataset). The caller -- the orchestration -- supplies both: no backend imports it.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from rise_nemo.interfaces import Critic, Generator, Policy
@@ -27,25 +38,22 @@ def require_backend_extras(name: str) -> None:
         require_extra("local", "transformers", "tokenizers", "safetensors", what="the local backend")
 
 
-def build_backend(cfg: Any) -> tuple[Policy, Generator]:
+def backend_module(cfg: Any) -> ModuleType:
+    """The module of ``cfg.backend`` (its extras checked first)."""
     name = cfg.backend
     if name not in BACKEND_MODULES:
         raise ValueError(f"config key 'backend': unknown backend {name!r}; expected one of {sorted(BACKEND_MODULES)}")
     require_backend_extras(name)
-    module = importlib.import_module(BACKEND_MODULES[name])
-    build = getattr(module, "build", None)
-    if build is None:
-        raise ImportError(f"{BACKEND_MODULES[name]} does not define build(cfg)")
-    policy, generator = build(cfg.local if name == "local" else cfg)
+    return importlib.import_module(BACKEND_MODULES[name])
+
+
+def build_backend(cfg: Any, *, checkpoint: str | Path | None = None,
+                  train_prompts: Sequence[Any] | None = None) -> tuple[Policy, Generator]:
+    policy, generator = backend_module(cfg).build_backend(cfg, checkpoint=checkpoint, train_prompts=train_prompts)
     return policy, generator
 
 
-def build_critic(cfg: Any, policy: Policy) -> Critic:
-    """The value model of PPO-family methods for ``cfg.backend``: the backend module's
-    ``build_critic(cfg, policy)`` (local: rise_nemo.backends.local.LocalCritic, settings in ``ppo``)."""
-    name = cfg.backend
-    module = importlib.import_module(BACKEND_MODULES[name])
-    build = getattr(module, "build_critic", None)
-    if build is None:
-        raise NotImplementedError(f"backend {name!r} provides no critic yet (method {cfg.method!r} needs one)")
-    return build(cfg, policy)
+def build_critic(cfg: Any, policy: Policy, *, checkpoint: str | Path | None = None) -> Critic:
+    """The value model of PPO-family methods (local: a LocalCritic on the policy's body, lr ``ppo.critic_lr``;
+    nemo: NeMo-RL's ``Value`` from the recipe's ``nemo.value`` block)."""
+    return backend_module(cfg).build_critic(cfg, policy, checkpoint=checkpoint)

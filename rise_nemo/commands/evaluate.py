@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Everything a user can get wrong is checked before the backend is built.
     path = resolve_checkpoint(run_dir, args.checkpoint) if run_dir is not None else None
-    _, eval_prompts = load_prompts_checked(cfg, env_sources)
+    train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
     if not eval_prompts:
         raise UserError("the recipe has no held-out prompts (data.eval_path)")
     check_backend(cfg)
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     judge = None if cfg.data.source in REASONING_SOURCES else build_checked_judge(cfg)
     from rise_nemo.backends import build_backend
 
-    policy, generator = build_backend(cfg)
+    policy, generator = build_backend(cfg, checkpoint=path, train_prompts=train_prompts)
     step = 0
     if run_dir is not None:
         if path is None:

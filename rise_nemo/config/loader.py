@@ -4,7 +4,8 @@
   order; the file's own keys then override them (mappings merge key by key, anything else replaces).
 - Overrides, as on NeMo-RL's command line: ``a.b=1`` sets an existing key (a typo is an error, not a new
   key), ``++a.b=1`` sets or adds, ``+a.b=1`` adds a key that must not exist yet, ``~a.b`` deletes.
-  Values are parsed as YAML (``null``, ``[1, 2]``, ``1e-6`` all work).
+  Values are parsed as YAML (``null``, ``[1, 2]``, ``1e-6`` all work). Why not Hydra's override parser (what
+  NeMo-RL uses): docs/DESIGN.md §3 "Command-line overrides".
 - Validation against ``rise_nemo.config.schema``: unknown keys and wrong types raise ``ConfigError``
   naming the dotted key and the file (or override) that set it. Defaults are filled in, so the result
   holds every key the orchestration reads. Pass-through blocks (``nemo``, ``local``, ``judge``,
@@ -123,6 +124,15 @@ def _parse_value(text: str) -> Any:
     return value
 
 
+def _has_glued_mapping(value: Any) -> bool:
+    """True for what YAML makes of Hydra's ``{a:1}``: a key holding a colon with no value."""
+    if isinstance(value, Mapping):
+        return any((isinstance(k, str) and ":" in k and v is None) or _has_glued_mapping(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_glued_mapping(v) for v in value)
+    return False
+
+
 def _schema_has(dotted: str) -> bool:
     """True when ``dotted`` names a field of the typed schema (present with its default even if unset)."""
     cls: Any = RecipeCfg
@@ -190,7 +200,11 @@ def apply_override(tree: dict[str, Any], override: str, prov: dict[str, str]) ->
         elif not isinstance(child, dict):
             raise ConfigError(f"{OVERRIDE_SOURCE} {override!r}: {'.'.join(parts[: i + 1])!r} is not a mapping")
         node = child
-    node[parts[-1]] = _parse_value(raw)
+    value = _parse_value(raw)
+    if _has_glued_mapping(value):
+        raise ConfigError(f"{OVERRIDE_SOURCE} {override!r}: write a mapping with a space after each colon, "
+                          "e.g. {a: 1} (YAML reads {a:1} as the key 'a:1')")
+    node[parts[-1]] = value
     prov[key] = OVERRIDE_SOURCE
     if isinstance(node[parts[-1]], Mapping):
         _record(node[parts[-1]], OVERRIDE_SOURCE, prov, key + ".")

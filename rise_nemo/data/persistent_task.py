@@ -18,10 +18,9 @@ Every criterion carries a MachineCheck, so ``rise_nemo.judges.rule.RuleJudge`` s
 Criteria are tagged ``base`` / ``persistent`` / ``negative`` plus ``pool:<name>``; held-out prompts use
 (template, audience) combinations never seen in training or warm start.
 
-The warm start is plain supervised fine-tuning on responses written by ``_response_text``: unhinted
-prompts (the natural behaviour) and hinted prompts built with ``core.prompts.build_privileged_prompt``
-exactly as training builds them, with feedback sets that mimic eq. 5 (persistent criteria first).
-It is cached on disk, keyed by a hash of the task, the model fingerprint and the warm-start config.
+``_response_text`` writes the task's responses; the supervised warm start that teaches them (cached on
+disk) and ``measure_rates`` (with the rule judge) live in ``rise_nemo.tasks.persistent_warm_start``, so
+this module needs no model and no judge.
 
 Lengths (tokens of the ``builtin:persistent_task`` tokenizer): prompts 12-16, privileged prompts up to
 ~70; natural responses 20-42 (median 24, EOS included), hinted ones up to MAX_RESPONSE_TOKENS = 64.
@@ -32,7 +31,7 @@ Usage::
 
     task = make_persistent_task(seed=0)
     policy, generator = rise_nemo.backends.local.build({"tokenizer": "builtin:persistent_task", ...})
-    stats = warm_start(policy, generator, task, {}, cache_dir=".cache/warm_start")  # WarmStartConfig keys
+    stats = rise_nemo.tasks.persistent_warm_start.warm_start(policy, generator, task, {}, cache_dir=".cache/warm_start")
     print(stats.unprompted_rate, stats.hinted_rate)
     task.persistent_criterion_ids[prompt.prompt_id]   # rubric indices, for coverage tables
 
@@ -47,17 +46,11 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import shutil
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, field
 
-import torch
-
-from rise_nemo.core.prompts import GUIDANCE_TEMPLATES, build_privileged_prompt, format_hint, render_scaffold
+from rise_nemo.core.prompts import GUIDANCE_TEMPLATES, format_hint, render_scaffold
 from rise_nemo.core.rubric import Criterion, MachineCheck, Rubric, RubricPrompt
-from rise_nemo.interfaces import JudgeRequest, SamplingParams
 
 # Bump when the generated data or the warm-start recipe changes: invalidates every cached warm start.
 TASK_VERSION = "persistent-task-v3"
@@ -300,256 +293,3 @@ def _response_text(prompt: RubricPrompt, include: Sequence[str], guaranteed: boo
     if "summary" in names:
         parts.append(_fill(PERSISTENT_POOL[POOL_INDEX["summary"]].phrase, topic, audience))
     return " ".join(parts)
-
-
-def _feedback_like(prompt: RubricPrompt, task: PersistentTask, rng: random.Random) -> list[int]:
-    """A feedback set as eq. 5 would pick it early in training: each of the prompt's persistent criteria
-    (at least one), sometimes the negative one and a base one, ordered by points (priority-like)."""
-    pers = [k for k in task.persistent_criterion_ids[prompt.prompt_id] if rng.random() < 0.8]
-    if not pers:
-        pers = [rng.choice(task.persistent_criterion_ids[prompt.prompt_id])]
-    chosen = list(pers)
-    chosen += [k for k in task.negative_criterion_ids[prompt.prompt_id] if rng.random() < 0.3]
-    chosen += [k for k in _tagged(prompt.rubric, TAG_BASE) if rng.random() < 0.1]
-    weights = prompt.rubric.weights
-    return sorted(chosen, key=lambda k: (-abs(weights[k]), k))
-
-
-@dataclass(frozen=True)
-class Example:
-    messages: list[dict]
-    response: str
-
-
-def make_example(task: PersistentTask, prompt: RubricPrompt, hinted: bool, rng: random.Random, rates: WarmStartConfig) -> Example:
-    """One warm-start pair. Unhinted: each pool behaviour with probability ``unprompted_rate``. Hinted:
-    the hinted persistent behaviours always, "guaranteed" dragged in with ``hinted_negative_rate`` unless
-    the hint says to avoid it."""
-    other = [b.name for b in PERSISTENT_POOL if rng.random() < rates.unprompted_rate]
-    if not hinted:
-        return Example([dict(m) for m in prompt.messages], _response_text(
-            prompt, other, rng.random() < rates.natural_negative_rate, rng))
-    fb = _feedback_like(prompt, task, rng)
-    criteria = [prompt.rubric.criteria[k] for k in fb]
-    hinted_names = {c.tags[1].split(":", 1)[1] for c in criteria if TAG_PERSISTENT in c.tags}
-    avoid = any(TAG_NEGATIVE in c.tags for c in criteria)
-    guaranteed = (not avoid) and rng.random() < rates.hinted_negative_rate
-    messages = build_privileged_prompt(prompt.messages, criteria, rng)
-    return Example(messages, _response_text(prompt, sorted(hinted_names | set(other)), guaranteed, rng))
-
-
-# ---- warm start ---------------------------------------------------------------------------------
-
-
-@dataclass
-class WarmStartConfig:
-    """Supervised warm start. Keys of the ``cfg`` mapping given to ``warm_start`` (unknown keys raise)."""
-
-    steps: int = 400
-    batch_size: int = 32
-    lr: float = 6e-3  # peak; decays linearly to 10% (see _lr_scale)
-    hinted_fraction: float = 0.5
-    unprompted_rate: float = 0.015  # per pool behaviour, in unhinted targets
-    natural_negative_rate: float = 0.03  # "guaranteed" in unhinted targets
-    hinted_negative_rate: float = 0.25  # "guaranteed" in hinted targets whose hint does not forbid it
-    eval_samples: int = 8  # samples per prompt when measuring the rates
-    eval_max_new_tokens: int = MAX_RESPONSE_TOKENS
-    seed: int = 0
-
-    @classmethod
-    def from_mapping(cls, cfg: Mapping | None) -> WarmStartConfig:
-        raw = dict(cfg or {})
-        known = {f.name: f for f in fields(cls)}
-        for key in raw:
-            if key not in known:
-                raise ValueError(f"warm_start.{key}: unknown key; known keys: {sorted(known)}")
-        out = cls(**raw)
-        for key in ("steps", "batch_size", "eval_samples", "eval_max_new_tokens"):
-            if not isinstance(getattr(out, key), int) or getattr(out, key) < 1:
-                raise ValueError(f"warm_start.{key}: expected an integer >= 1, got {getattr(out, key)!r}")
-        for key in ("hinted_fraction", "unprompted_rate", "natural_negative_rate", "hinted_negative_rate"):
-            if not 0.0 <= float(getattr(out, key)) <= 1.0:
-                raise ValueError(f"warm_start.{key}: expected a probability in [0, 1], got {getattr(out, key)!r}")
-        return out
-
-
-@dataclass
-class WarmStartStats:
-    """Measured after the warm start (guidance-free unless stated), all with the rule judge.
-
-    unprompted_rate   share of (sample, persistent criterion) pairs met under the original prompts
-    hinted_rate       share of hinted persistent criteria met under privileged prompts
-    negative_rate     share of natural samples meeting the negative criterion
-    hinted_negative_rate  the same under privileged prompts whose hint does not mention it
-    base_rate         share of (sample, base criterion) pairs met under the original prompts
-    finished_rate     share of natural samples that ended with EOS
-    """
-
-    unprompted_rate: float
-    hinted_rate: float
-    negative_rate: float
-    hinted_negative_rate: float
-    base_rate: float
-    finished_rate: float
-    n_unprompted: int
-    n_hinted: int
-    steps: int
-    final_loss: float
-    train_seconds: float
-    cached: bool = False
-    cache_path: str = ""
-
-    def summary(self) -> str:
-        return (
-            f"warm start: persistent criteria met unprompted {100 * self.unprompted_rate:.2f}% "
-            f"(n={self.n_unprompted}), hinted {100 * self.hinted_rate:.1f}% (n={self.n_hinted}); "
-            f"base {100 * self.base_rate:.1f}%, negative natural {100 * self.negative_rate:.1f}% / hinted "
-            f"{100 * self.hinted_negative_rate:.1f}%, finished {100 * self.finished_rate:.1f}%"
-            + (" [cached]" if self.cached else f" [{self.steps} steps, {self.train_seconds:.1f} s]")
-        )
-
-
-def _sft_batch(examples: Sequence[Example], generator) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+response ids [B, T], lengths [B], token_mask [B, T] on response tokens, and the
-    global response-token count as a per-sample column (so micro-batch losses add up)."""
-    seqs, starts = [], []
-    for ex in examples:
-        p = generator.encode_prompt(ex.messages)
-        seqs.append(p + generator.encode_response(ex.response))
-        starts.append(len(p))
-    width = max(map(len, seqs))
-    pad = generator.engine.pad_token_id
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width))
-    for i, (s, p) in enumerate(zip(seqs, starts)):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, p : len(s)] = 1.0
-    n_tok = float(mask.sum())
-    return {"input_ids": ids, "input_lengths": torch.tensor([len(s) for s in seqs]), "token_mask": mask,
-            "global_tokens": torch.full((len(seqs),), n_tok)}
-
-
-def sft_loss(logprobs: torch.Tensor, data: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-    """Token-mean negative log-likelihood of the responses, normalised by the global token count."""
-    loss = -(logprobs * data["token_mask"]).sum() / data["global_tokens"][0]
-    return loss, {"sft/nll": float(loss.detach())}
-
-
-def _cache_key(task: PersistentTask, policy, cfg: WarmStartConfig) -> str:
-    spec = {"task": task.fingerprint(), "model": policy.engine.fingerprint(), "warm_start": asdict(cfg),
-            "version": TASK_VERSION}
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def warm_start(policy, generator, task: PersistentTask, cfg: Mapping | WarmStartConfig | None = None,
-               cache_dir: str | Path | None = None, progress: bool = True) -> WarmStartStats:
-    """Supervised warm start of the local backend's model on ``task.warmup`` (or load it from the cache),
-    then measure and print the unprompted and hinted rates. Leaves a fresh optimiser at ``local.lr``.
-
-    Needs the local backend's extras (``policy.engine``, ``generator.encode_response``).
-    """
-    from tqdm.auto import tqdm
-
-    wcfg = cfg if isinstance(cfg, WarmStartConfig) else WarmStartConfig.from_mapping(cfg)
-    cache = Path(cache_dir) / f"warm_{_cache_key(task, policy, wcfg)}" if cache_dir is not None else None
-    if cache is not None and (cache / "stats.json").exists():
-        policy.model.load_state_dict(torch.load(cache / "model.pt", map_location=policy.engine.device, weights_only=True))
-        policy.reset_optimizer()
-        stats = WarmStartStats(**{**json.loads((cache / "stats.json").read_text()), "cached": True,
-                                  "cache_path": str(cache)})
-        print(stats.summary())
-        return stats
-
-    rng = random.Random(wcfg.seed)
-    policy.reset_optimizer(lr=wcfg.lr)
-    entropy_flag, policy.engine.cfg.compute_entropy = policy.engine.cfg.compute_entropy, False  # not needed here
-    t0 = time.perf_counter()
-    bar = tqdm(range(wcfg.steps), desc="warm start", disable=not progress, mininterval=1.0)
-    loss = float("nan")
-    try:
-        for step in bar:
-            _set_lr(policy, wcfg.lr * _lr_scale(step, wcfg.steps))
-            examples = [make_example(task, rng.choice(task.warmup), rng.random() < wcfg.hinted_fraction, rng, wcfg)
-                        for _ in range(wcfg.batch_size)]
-            loss = policy.train(_sft_batch(examples, generator), sft_loss)["sft/nll"]
-            bar.set_postfix(nll=f"{loss:.3f}")
-    finally:
-        policy.engine.cfg.compute_entropy = entropy_flag
-    train_s = time.perf_counter() - t0
-    policy.reset_optimizer()
-    policy.train_steps = 0  # RL step counting starts after the warm start
-    rates = measure_rates(generator, task, wcfg, progress=progress)
-    stats = WarmStartStats(**rates, steps=wcfg.steps, final_loss=loss, train_seconds=train_s)
-    if cache is not None:
-        _save_cache(cache, policy, stats)
-        stats.cache_path = str(cache)
-    print(stats.summary())
-    return stats
-
-
-def _lr_scale(step: int, steps: int) -> float:
-    """Linear decay from 1 to 0.1 over the warm start: a noisy constant-lr end blurs rare-vs-hinted
-    behaviour, a decayed one settles it."""
-    return 1.0 - 0.9 * step / max(steps - 1, 1)
-
-
-def _set_lr(policy, lr: float) -> None:
-    for group in policy.optimizer.param_groups:
-        group["lr"] = lr
-
-
-def _save_cache(cache: Path, policy, stats: WarmStartStats) -> None:
-    """Write model + stats to a temp folder, then rename it into place (a crash never leaves half a cache)."""
-    tmp = cache.with_name(cache.name + f".tmp{time.time_ns()}")
-    tmp.mkdir(parents=True)
-    torch.save({k: v.detach().cpu() for k, v in policy.model.state_dict().items()}, tmp / "model.pt")
-    (tmp / "stats.json").write_text(json.dumps(asdict(stats), indent=1))
-    try:
-        tmp.rename(cache)
-    except OSError:  # another process finished first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def measure_rates(generator, task: PersistentTask, cfg: WarmStartConfig | None = None,
-                  prompts: Sequence[RubricPrompt] | None = None, progress: bool = True) -> dict[str, float]:
-    """Rates of WarmStartStats on ``prompts`` (default: train + held-out), with the rule judge.
-
-    Natural: ``eval_samples`` samples per original prompt. Hinted: as many per privileged prompt whose
-    hint lists exactly the prompt's persistent criteria (built with core.prompts.build_privileged_prompt).
-    """
-    from rise_nemo.judges.rule import RuleJudge
-
-    cfg = cfg or WarmStartConfig()
-    prompts = list(prompts if prompts is not None else task.train + task.heldout)
-    rng = random.Random(cfg.seed + 1)
-    params = SamplingParams(max_new_tokens=cfg.eval_max_new_tokens, temperature=1.0, top_p=1.0, seed=cfg.seed + 2)
-    hinted = [build_privileged_prompt(p.messages, [p.rubric.criteria[k] for k in task.persistent_criterion_ids[p.prompt_id]], rng)
-              for p in prompts]
-    if progress:
-        print(f"measuring rates: {len(prompts)} prompts x {cfg.eval_samples} samples, natural and hinted")
-    natural = generator.generate([p.messages for p in prompts], cfg.eval_samples, params)
-    guided = generator.generate(hinted, cfg.eval_samples, params)
-    judge = RuleJudge()
-    counts = {"pers": [0, 0], "hint": [0, 0], "neg": [0, 0], "hneg": [0, 0], "base": [0, 0], "fin": [0, 0]}
-
-    def add(key: str, hits: int, total: int) -> None:
-        counts[key][0] += hits
-        counts[key][1] += total
-
-    for p, nat_rows, hint_rows in zip(prompts, natural, guided):
-        pers, neg = task.persistent_criterion_ids[p.prompt_id], task.negative_criterion_ids[p.prompt_id]
-        base = _tagged(p.rubric, TAG_BASE)
-        v_nat = judge.judge([JudgeRequest(p.messages, r.response_text, p.rubric, p.prompt_id) for r in nat_rows])
-        v_hint = judge.judge([JudgeRequest(p.messages, r.response_text, p.rubric, p.prompt_id) for r in hint_rows])
-        for v, r in zip(v_nat, nat_rows):
-            add("pers", sum(v[k] for k in pers), len(pers))
-            add("neg", sum(v[k] for k in neg), len(neg))
-            add("base", sum(v[k] for k in base), len(base))
-            add("fin", int(r.finished), 1)
-        for v in v_hint:
-            add("hint", sum(v[k] for k in pers), len(pers))
-            add("hneg", sum(v[k] for k in neg), len(neg))
-    rate = {k: (h / n if n else 0.0) for k, (h, n) in counts.items()}
-    return {"unprompted_rate": rate["pers"], "hinted_rate": rate["hint"], "negative_rate": rate["neg"],
-            "hinted_negative_rate": rate["hneg"], "base_rate": rate["base"], "finished_rate": rate["fin"],
-            "n_unprompted": counts["pers"][1], "n_hinted": counts["hint"][1]}

@@ -2,17 +2,18 @@
 
 Layout::
 
-    checkpoints/step_000010/policy.pt     weights + optimiser (or the policy's own files, see below)
-    checkpoints/step_000010/critic.pt     value model + its optimiser (PPO-family methods only)
+    checkpoints/step_000010/policy/       weights + optimiser, written by the policy (see below)
+    checkpoints/step_000010/critic/       value model + its optimiser (PPO-family methods only)
     checkpoints/step_000010/trainer.pt    step, RNG states, data position, schedule state
     checkpoints/step_000010/COMPLETE      written last: a directory without it is never loaded
     checkpoints/latest                    text file naming the newest complete checkpoint
 
 A checkpoint is written into a hidden temporary directory and renamed into place only when complete,
 and ``latest`` is replaced atomically (``os.replace``), so a kill at any moment leaves the previous
-checkpoint intact and ``latest`` pointing at a complete one. Policies that manage their own (possibly
-sharded) files expose ``save_checkpoint(dir)`` / ``load_checkpoint(dir)``; others are saved with
-``torch.save(policy.state_dict())``.
+checkpoint intact and ``latest`` pointing at a complete one. What goes into ``policy/`` and ``critic/`` is
+the backend's business: the ``save_checkpoint(dir)`` / ``load_checkpoint(dir)`` hooks of
+``interfaces.Policy`` / ``interfaces.Critic`` (local: ``state.pt``; nemo: NeMo-RL's sharded
+``weights/`` + ``optimizer/``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from rise_nemo.interfaces import Critic, Policy
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -58,10 +61,10 @@ def _write_atomic_text(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
-def save_checkpoint(run_dir: str | Path, step: int, policy: Any, trainer_state: dict[str, Any],
-                    critic: Any = None) -> Path:
+def save_checkpoint(run_dir: str | Path, step: int, policy: Policy, trainer_state: dict[str, Any],
+                    critic: Critic | None = None) -> Path:
     """Write checkpoint ``step`` completely, then publish it as ``latest``. Returns its directory.
-    A critic (value model of the PPO-family methods) is saved as ``critic.pt`` (weights + optimiser)."""
+    A critic (value model of the PPO-family methods) is saved into ``critic/`` (weights + optimiser)."""
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
@@ -69,12 +72,9 @@ def save_checkpoint(run_dir: str | Path, step: int, policy: Any, trainer_state: 
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    if hasattr(policy, "save_checkpoint"):
-        policy.save_checkpoint(tmp / "policy")
-    else:
-        torch.save(policy.state_dict(), tmp / "policy.pt")
+    policy.save_checkpoint(tmp / "policy")
     if critic is not None:
-        torch.save(critic.state_dict(), tmp / "critic.pt")
+        critic.save_checkpoint(tmp / "critic")
     torch.save(trainer_state, tmp / "trainer.pt")
     (tmp / COMPLETE).write_text(f"{step}\n")
     _fsync_dir(tmp)
@@ -115,20 +115,18 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def load_checkpoint(path: str | Path, policy: Any, critic: Any = None) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, policy: Policy, critic: Critic | None = None) -> dict[str, Any]:
     """Restore the policy (and the critic, when given) in place from checkpoint ``path``; returns the
     trainer state."""
     path = Path(path)
     if not is_complete(path):
         raise FileNotFoundError(f"{path}: not a complete checkpoint (missing {COMPLETE} or trainer.pt)")
-    if hasattr(policy, "load_checkpoint") and (path / "policy").exists():
-        policy.load_checkpoint(path / "policy")
-    else:
-        policy.load_state_dict(torch.load(path / "policy.pt", map_location="cpu", weights_only=False))
+    policy.load_checkpoint(path / "policy")
     if critic is not None:
-        if not (path / "critic.pt").is_file():
-            raise FileNotFoundError(f"{path}: the method trains a critic but the checkpoint has no critic.pt")
-        critic.load_state_dict(torch.load(path / "critic.pt", map_location="cpu", weights_only=False))
+        try:
+            critic.load_checkpoint(path / "critic")
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{path}: the method trains a critic but the checkpoint has none ({exc})") from None
     return torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
 
 

@@ -2,7 +2,7 @@
 
 ``data.source``:
   persistent  the generated persistent-criteria task (rise_nemo.data.persistent_task), parameters in
-              ``data.task``; a fresh run first warm-starts the policy (``data.warm_start``, cached)
+              ``data.task``; a fresh run first warm-starts the policy (``data.warm_start``, cached; tasks.persistent_warm_start)
   jsonl       rubric files (``data.train_path`` / ``data.eval_path``, JSONL or parquet) in any format
               rise_nemo.data.loaders reads (healthbench, rubrichub, rar, rise; ``data.format``)
   chain_arithmetic  the embedded reasoning task (rise_nemo.tasks.reasoning), parameters in ``data.task``;
@@ -57,7 +57,7 @@ def warm_start_policy(cfg: Any, policy: Any, generator: Any, progress: bool = Tr
                                     cache_dir=warm_start_cache_dir(cfg), progress=progress)
     if cfg.data.source != "persistent":
         return None
-    from rise_nemo.data.persistent_task import warm_start
+    from rise_nemo.tasks.persistent_warm_start import warm_start
 
     return warm_start(policy, generator, persistent_task(cfg), _plain(cfg.data.warm_start),
                       cache_dir=warm_start_cache_dir(cfg), progress=progress)

@@ -32,6 +32,7 @@ from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.core.value import explained_variance, gae, make_value_loss, terminal_token_rewards, whiten
 from rise_nemo.interfaces import KIND_NATURAL, Critic, Generator, Policy, Rollout, Verifier
 from rise_nemo.methods import Method
+from rise_nemo.orchestration.samples import reasoning_sample_records
 from rise_nemo.orchestration.step import (
     STREAM_NATURAL,
     TrainSample,
@@ -62,6 +63,8 @@ class ReasoningContext:
     pad_id: int = 0
     start_states: StartStates = no_start_states
     rng: random.Random = field(default_factory=random.Random)  # method-level choices (RRL replay); checkpointed
+    samples_per_step: int = 0  # rollouts recorded in ``last_samples`` (samples.jsonl); 0 = none
+    last_samples: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.method.critic and self.critic is None:
@@ -90,6 +93,8 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
         extra = add_gae_columns(ctx, batch, row_rewards)  # token_advantages, values, returns
     else:
         batch["advantages"] = group_advantages(rewards, eps=float(ctx.cfg.grpo.eps), valid=valid)[valid]  # [B]
+    if ctx.samples_per_step:
+        ctx.last_samples = reasoning_sample_records(step, problems, groups, rewards, valid, batch, ctx.samples_per_step)
     train_metrics = ctx.policy.train(batch, make_policy_loss_fn(ctx.cfg))
     if ctx.critic is not None:
         value_loss = make_value_loss(ctx.cfg.ppo.value_clip)

@@ -95,14 +95,15 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
         judge = None if method.family == "reasoning" else build_checked_judge(cfg)
         from rise_nemo.backends import build_backend, build_critic
 
-        policy, generator = build_backend(cfg)
-        if ckpt.latest_checkpoint(run_dir) is None:
+        latest = ckpt.latest_checkpoint(run_dir)  # the Trainer resumes from it
+        policy, generator = build_backend(cfg, checkpoint=latest, train_prompts=train_prompts)
+        if latest is None:
             warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
         reasoning: dict[str, Any] = {}
         if method.family == "reasoning":
             verifier, step_accuracy = reasoning_tools(cfg)
             # The critic copies the policy's body AFTER the warm start (a resume overwrites it from the checkpoint).
-            critic = build_critic(cfg, policy) if method.critic else None
+            critic = build_critic(cfg, policy, checkpoint=latest) if method.critic else None
             reasoning = {"critic": critic, "verifier": verifier, "step_accuracy": step_accuracy}
     except BaseException:
         lock.release()

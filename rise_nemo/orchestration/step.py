@@ -84,7 +84,7 @@ class MethodSpec:
         if m.family == "distillation":
             # On-policy distillation trains with a teacher's token distribution, not this loop's rewards.
             raise ValueError("config key 'method': 'opd' (on-policy distillation) runs on NeMo-RL's distillation "
-                             "path: `python -m rise_nemo.backends.nemo.distill --config RECIPE`")
+                             "path: `rise-nemo distill --config RECIPE`")
         if m.family != "rubric":
             raise ValueError(f"config key 'method': {method!r} is a {m.family} method; its step is "
                              "rise_nemo.orchestration.reasoning_step")

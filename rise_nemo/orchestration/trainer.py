@@ -6,6 +6,7 @@ Run directory (docs/CONTRACTS.md)::
     config.yaml        resolved recipe, secrets redacted; config_history/ keeps replaced versions
     metrics.jsonl      one JSON object per step (see step.step_metrics for the keys) + judge/* counters
     samples.jsonl      a few rollouts per step: prompt, hinted?, response, verdicts, reward, advantage, kind
+                       (reasoning methods: prompt, difficulty, response, given/sampled tokens, reward, advantage)
     train.log          human-readable log: start, resume (step, SLURM_RESTART_COUNT), evals, signals
     checkpoints/       step_XXXXXX/ + latest (see checkpoint.py)
     eval/step_XXXXXX.json   guidance-free evaluations
@@ -115,7 +116,8 @@ class Trainer:
                 raise ValueError(f"method {self.method.name!r} needs a verifier")
             self.ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier,
                                         method=self.method, critic=critic, pad_id=_pad_id(generator),
-                                        rng=random.Random(int(cfg.run.seed)))
+                                        rng=random.Random(int(cfg.run.seed)),
+                                        samples_per_step=int(cfg.train.log_samples))
             self._train_step, self._progress_keys = reasoning_train_step, REASONING_PROGRESS_KEYS
         else:
             self.ctx = StepContext(
@@ -343,8 +345,8 @@ class Trainer:
         with open(self.run_dir / "metrics.jsonl", "a") as fh:
             fh.write(json.dumps(metrics) + "\n")
             fh.flush()
-        # samples.jsonl: the RISE step records its rollouts; the reasoning step does not yet.
-        if getattr(self.ctx, "last_samples", None):
+        # samples.jsonl: what the step (RISE or reasoning) recorded of its rollouts.
+        if self.ctx.last_samples:
             with open(self.run_dir / "samples.jsonl", "a") as fh:
                 fh.write("".join(json.dumps(r) + "\n" for r in self.ctx.last_samples))
             self.ctx.last_samples = []

@@ -312,7 +312,7 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
     """
     from tqdm.auto import tqdm
 
-    from rise_nemo.data.persistent_task import Example, _sft_batch, sft_loss
+    from rise_nemo.tasks.sft import Example, sft_batch, sft_loss
 
     wcfg = cfg if isinstance(cfg, ReasoningWarmStartConfig) else ReasoningWarmStartConfig.from_mapping(cfg)
     spec = {"task": task.warm_start_fingerprint(), "model": policy.engine.fingerprint(), "warm_start": asdict(wcfg)}
@@ -338,7 +338,7 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
                 chain = task.sample_sft_chain(rng, rng.randint(1, task.cfg.max_steps))
                 messages = [{"role": "user", "content": chain.prompt_text()}]
                 examples.append(Example(messages, noisy_solution(chain, noise, rng)))
-            loss = policy.train(_sft_batch(examples, generator), sft_loss)["sft/nll"]
+            loss = policy.train(sft_batch(examples, generator), sft_loss)["sft/nll"]
             bar.set_postfix(nll=f"{loss:.3f}")
     finally:
         policy.engine.cfg.compute_entropy = entropy_flag

@@ -112,3 +112,39 @@ def test_critic_state_dict_restores_weights_and_optimizer_exactly():
     a.train(data, loss_fn)
     b.train(data, loss_fn)
     assert torch.equal(a.get_values(batch), b.get_values(batch))
+
+
+def test_checkpoint_hooks_write_state_pt_and_read_the_older_layout(tmp_path):
+    """interfaces.Policy/Critic hooks: <dir>/state.pt; a checkpoint written before the hooks held the same
+    state as step_N/policy.pt and step_N/critic.pt, and still resumes."""
+    policy, gen = build(CFG)
+    batch, _ = _prefix_batch(gen, given=0)
+    mask = batch["token_mask"]
+    data = {**batch, "values": torch.zeros_like(mask), "returns": mask * 0.5,
+            "value_token_count": torch.full((1,), float(mask.sum()))}
+    critic = LocalCritic(policy.engine, lr=1e-3)
+    critic.train(data, make_value_loss(clip=0.2))
+    policy.save_checkpoint(tmp_path / "new" / "policy")
+    critic.save_checkpoint(tmp_path / "new" / "critic")
+    assert sorted(p.name for p in (tmp_path / "new" / "policy").iterdir()) == ["state.pt"]
+    legacy = tmp_path / "old"
+    legacy.mkdir()
+    torch.save(policy.state_dict(), legacy / "policy.pt")
+    torch.save(critic.state_dict(), legacy / "critic.pt")
+    for root in (tmp_path / "new", legacy):
+        other, _ = build(CFG)
+        with torch.no_grad():
+            for param in other.model.parameters():
+                param.add_(1.0)  # so that only a real load makes it equal again
+        other_critic = LocalCritic(other.engine, lr=1e-3)
+        assert not torch.equal(critic.get_values(batch), other_critic.get_values(batch))
+        other.load_checkpoint(root / "policy")
+        other_critic.load_checkpoint(root / "critic")
+        assert all(torch.equal(a, b) for a, b in zip(policy.model.state_dict().values(), other.model.state_dict().values()))
+        assert torch.equal(critic.get_values(batch), other_critic.get_values(batch))
+    try:
+        policy.load_checkpoint(tmp_path / "nowhere" / "policy")
+    except FileNotFoundError as exc:
+        assert "state.pt is missing" in str(exc)
+    else:
+        raise AssertionError("a missing checkpoint loaded")

@@ -213,3 +213,31 @@ def test_value_config_derives_from_the_policy():
     assert cfg["megatron_cfg"]["tensor_model_parallel_size"] == 2 and not cfg["megatron_cfg"]["fp8_cfg"]["enabled"]
     assert cfg["dtensor_cfg"] == {"enabled": False} and cfg["reward_model_cfg"] == {"enabled": False}
     assert policy["megatron_cfg"]["optimizer"]["lr"] == 5e-7  # the policy's config is not modified
+
+
+def test_build_critic_places_the_value_model_from_the_recipe_and_resumes_it(tmp_path, monkeypatch):
+    """backends.nemo.build_critic(cfg, policy, checkpoint=): the factory signature both backends share. The
+    value model goes on the session's training cluster and loads ``<checkpoint>/critic`` when it holds weights."""
+    import rise_nemo.backends.nemo as nemo_backend
+    from rise_nemo.backends.nemo.config import NemoConfigError
+
+    session, _, policy, _, value, tok = make()
+    session.train_cluster = "train-cluster"
+    built = []
+
+    def fake_build_value(cluster, tokenizer, config, resume_dir, policy=None):
+        built.append((cluster, tokenizer, config, resume_dir, policy))
+        return value
+
+    monkeypatch.setattr("rise_nemo.backends.nemo.critic.build_value", fake_build_value)
+    recipe = {"backend": "nemo", "method": "ppo", "nemo": {"value": {"megatron_cfg": {"optimizer": {"lr": 2e-6}}}}}
+    (tmp_path / "step_000004" / "critic" / "weights").mkdir(parents=True)
+    fresh = nemo_backend.build_critic(recipe, policy)
+    resumed = nemo_backend.build_critic(recipe, policy, checkpoint=tmp_path / "step_000004")
+    assert isinstance(fresh, Critic) and isinstance(resumed, NemoCritic)
+    assert [b[0] for b in built] == ["train-cluster"] * 2 and built[0][1] is tok and built[0][4] is session.policy
+    assert built[0][2]["megatron_cfg"]["optimizer"]["lr"] == 2e-6
+    assert built[0][3] is None and built[1][3] == tmp_path / "step_000004" / "critic"
+    resumed.load_checkpoint(tmp_path / "step_000004" / "critic")  # the hook accepts the dir it was built from
+    with pytest.raises(NemoConfigError, match="nemo.value block"):
+        nemo_backend.build_critic({"backend": "nemo", "method": "ppo", "nemo": {}}, policy)

@@ -208,7 +208,8 @@ def test_build_and_rise_loop_on_mocked_nemo_rl(tmp_path, monkeypatch):
         "train.tensorboard=false", "eval.every=0", "eval.at_start=false", f"data.train_path={train}",
         f"data.eval_path={evalp}", "judge={type: rule}",
     ])
-    policy_if, generator_if = nemo_backend.build(cfg)
+    train_prompts, eval_prompts = load_prompts(cfg)
+    policy_if, generator_if = nemo_backend.build_backend(cfg, train_prompts=train_prompts)
 
     master = seen["master"]
     assert isinstance(master, grpo_mod.MasterConfig)  # NeMo-RL's pydantic config accepted the merge
@@ -219,7 +220,6 @@ def test_build_and_rise_loop_on_mocked_nemo_rl(tmp_path, monkeypatch):
     assert len(seen["dataset"]) == 4 and seen["dataset"][0]["task_name"] == "rubric"
     assert master.grpo["max_num_steps"] == 2 and master.grpo["max_num_epochs"] == 2  # scheduler = train.steps
 
-    train_prompts, eval_prompts = load_prompts(cfg)
     trainer = Trainer(cfg, policy_if, generator_if, build_judge(cfg.judge), train_prompts, eval_prompts,
                       run_dir=tmp_path / "run")
     assert trainer.run() == 0
@@ -308,7 +308,7 @@ def test_distill_entry_point_drives_nemo_distillation(tmp_path, monkeypatch):
     """OPD: rise_nemo hands NeMo-RL's distillation setup/train our rubric datums and the rubric environment."""
     from nemo_rl.algorithms import distillation
 
-    from rise_nemo.backends.nemo import distill
+    from rise_nemo.cli import main as cli_main
 
     nemo_dir = Path(nemo_rl.__file__).resolve().parents[1]
     if not (nemo_dir / "examples" / "configs" / "distillation_math_megatron.yaml").exists():
@@ -328,7 +328,7 @@ def test_distill_entry_point_drives_nemo_distillation(tmp_path, monkeypatch):
     monkeypatch.setattr("nemo_rl.environments.utils.create_env", lambda name, cfg: seen.setdefault("env", (name, cfg)))
     train = _write_jsonl(tmp_path / "train.jsonl", make_prompts(5))
     evalp = _write_jsonl(tmp_path / "eval.jsonl", make_prompts(2, 5))
-    rc = distill.main(["--config", str(REPO / "recipes" / "opd_4b_teacher14b.yaml"), f"run.dir={tmp_path / 'run'}",
+    rc = cli_main(["distill", "--config", str(REPO / "recipes" / "opd_4b_teacher14b.yaml"), f"run.dir={tmp_path / 'run'}",
                        f"data.train_path={train}", f"data.eval_path={evalp}", "judge={type: rule}"])
     assert rc == 0
     assert isinstance(seen["master"], distillation.MasterConfig)

@@ -59,7 +59,7 @@ def test_opd_recipes_validate_but_point_train_to_the_distillation_entry():
     from rise_nemo.orchestration.step import MethodSpec
 
     config_from_dict({"method": "opd"})  # a valid method in the schema (the OPD recipes use it)
-    with pytest.raises(ValueError, match=r"rise_nemo\.backends\.nemo\.distill"):
+    with pytest.raises(ValueError, match=r"rise-nemo distill"):
         MethodSpec.from_config("opd")
     with pytest.raises(ValueError, match="unknown method 'opdd'"):
         MethodSpec.from_config("opdd")

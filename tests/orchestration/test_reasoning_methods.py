@@ -47,7 +47,7 @@ def test_resumed_reasoning_run_reproduces_the_uninterrupted_run_exactly(tmp_path
     first = build_trainer(_cfg(parts, method), stop_after=1)
     assert first.run() == 0 and first.stopped_by == "stop_after=1"
     assert ckpt.latest_checkpoint(parts).name == "step_000001"
-    assert ((parts / "checkpoints" / "step_000001" / "critic.pt").is_file()) == (method == "ppo")
+    assert ((parts / "checkpoints" / "step_000001" / "critic" / "state.pt").is_file()) == (method == "ppo")
     resumed = build_trainer(_cfg(parts, method))  # fresh model, critic, optimisers, RNGs: all from the checkpoint
     assert resumed.run() == 0
     a, b = read_metrics(full), read_metrics(parts)
@@ -67,6 +67,48 @@ def test_resumed_reasoning_run_reproduces_the_uninterrupted_run_exactly(tmp_path
     ev = _evals(full)["step_000002.json"]
     assert ev["kind"] == "reasoning" and set(ev["levels"]) == {"1", "2", "3"}
     assert set(ev["levels"]["1"]["pass_at_k"]) == {"1", "2"}
+    # samples.jsonl like the rubric step's: every rollout of the 2 x 4 groups, identical after a resume
+    samples = _samples(full)
+    assert samples == _samples(parts) and [s["step"] for s in samples] == [1] * 8 + [2] * 8 + [3] * 8
+    by_metrics = {m["step"]: m["reward/mean"] for m in a}
+    for step in (1, 2, 3):
+        rows = [s for s in samples if s["step"] == step]
+        assert set(rows[0]) == SAMPLE_KEYS
+        rewards = [s["reward"] for s in rows if s["reward"] is not None]
+        assert sum(rewards) / len(rewards) == pytest.approx(by_metrics[step])  # the step's own rewards
+        assert all(s["given_tokens"] == 0 and s["sampled_tokens"] >= 1 for s in rows)
+        if method == "grpo":  # group advantages: zero-sum within each problem's group
+            for pid in {s["prompt_id"] for s in rows}:
+                assert sum(s["advantage"] for s in rows if s["prompt_id"] == pid) == pytest.approx(0, abs=1e-5)
+
+
+SAMPLE_KEYS = {"step", "prompt_id", "difficulty", "response", "given_tokens", "sampled_tokens", "reward",
+               "advantage", "kind"}
+
+
+def _samples(run_dir: Path):
+    return [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+
+
+def test_samples_record_the_given_and_sampled_split_of_replayed_prefixes(tmp_path):
+    """A start-state hook (RRL's seam) gives each problem a response prefix: samples.jsonl says how many
+    tokens were given and how many sampled, and the response starts with the given text."""
+    from rise_nemo.orchestration.reasoning_step import reasoning_train_step
+
+    trainer = build_trainer(_cfg(tmp_path / "run", "grpo", steps=1))
+    ctx, gen = trainer.ctx, trainer.generator
+    problems = trainer.sampler.next_batch()
+    given = [gen.encode_response("step a")[:-1] for _ in problems]  # without EOS
+    ctx.start_states = lambda probs, step: given
+    reasoning_train_step(ctx, problems, 1)
+    assert len(ctx.last_samples) == 8
+    for record, i in zip(ctx.last_samples, [i for i in range(len(problems)) for _ in range(4)]):
+        assert record["prompt_id"] == problems[i].prompt_id and record["difficulty"] == problems[i].difficulty
+        assert record["given_tokens"] == len(given[i]) and record["response"].startswith("step a")
+        assert record["sampled_tokens"] >= 1 and record["kind"] in (0, None)
+    ctx.samples_per_step = 3
+    reasoning_train_step(ctx, problems, 2)
+    assert [r["step"] for r in ctx.last_samples] == [2, 2, 2]
 
 
 def test_ppo_needs_a_critic_and_rubric_steps_reject_reasoning_methods():

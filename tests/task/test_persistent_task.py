@@ -16,15 +16,17 @@ from rise_nemo.data.persistent_task import (
     MAX_RESPONSE_TOKENS,
     QUESTION_TEMPLATES,
     TOPICS,
-    WarmStartConfig,
-    _cache_key,
-    make_example,
     make_persistent_task,
-    measure_rates,
-    warm_start,
 )
 from rise_nemo.interfaces import JudgeRequest
 from rise_nemo.judges.rule import RuleJudge
+from rise_nemo.tasks.persistent_warm_start import (
+    WarmStartConfig,
+    _cache_key,
+    make_example,
+    measure_rates,
+    warm_start,
+)
 
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 192}
 
@@ -171,3 +173,13 @@ def test_each_behaviour_meets_exactly_its_own_check():
             text = _response_text(p, [b.name], guaranteed=True, rng=rng)
             verdicts = judge.judge([JudgeRequest(p.messages, text, pool_rubric, p.prompt_id)])[0]
             assert verdicts == [j == k for j in range(len(PERSISTENT_POOL))], (b.name, text)
+
+
+def test_warm_start_cache_key_survives_the_move_to_tasks():
+    """The warm start moved from rise_nemo.data.persistent_task to rise_nemo.tasks.persistent_warm_start; its
+    cache key (task, model fingerprint, config, TASK_VERSION) is unchanged, so existing caches stay valid.
+    The expected value was computed with the code before the move."""
+    from types import SimpleNamespace
+
+    policy = SimpleNamespace(engine=SimpleNamespace(fingerprint=lambda: "model-fp"))
+    assert _cache_key(make_persistent_task(seed=0), policy, WarmStartConfig()) == "807b3d1cf74da8c5"

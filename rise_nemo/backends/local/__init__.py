@@ -8,8 +8,10 @@ Usage::
     lp = policy.get_logprobs({"input_ids": ids, "input_lengths": lengths})   # [B, T], col 0 = 0
     metrics = policy.train(batch, loss_fn)      # one AdamW step; summed loss_fn metrics + grad_norm
     state = policy.state_dict(); policy.load_state_dict(state)   # weights + AdamW + sampling RNG
+    policy.save_checkpoint(dir); policy.load_checkpoint(dir)     # the same state as <dir>/state.pt
 
-``build(cfg)`` takes the recipe's ``local:`` block (any Mapping, OmegaConf included); its keys and
+``build(cfg)`` takes the recipe's ``local:`` block (any Mapping, OmegaConf included; the factory's
+``build_backend(recipe)`` calls it with ``recipe.local``); its keys and
 defaults are documented in ``rise_nemo.backends.local.config`` and unknown keys raise LocalConfigError
 naming the key. The policy and generator share one model (``policy.engine is generator.engine``): a
 generation after ``train`` samples from the updated weights.
@@ -37,6 +39,7 @@ __all__ = [
     "LocalGenerator",
     "LocalPolicy",
     "build",
+    "build_backend",
     "build_critic",
     "parse_local_config",
 ]
@@ -49,6 +52,13 @@ def build(cfg: Mapping | LocalConfig | None) -> tuple[LocalPolicy, LocalGenerato
     return LocalPolicy(engine), LocalGenerator(engine)
 
 
-def build_critic(cfg, policy: LocalPolicy) -> LocalCritic:
-    """A LocalCritic on the policy's engine (a copy of its body + value head), lr ``ppo.critic_lr``."""
+def build_backend(cfg, *, checkpoint=None, train_prompts=None) -> tuple[LocalPolicy, LocalGenerator]:
+    """rise_nemo.backends' factory signature: ``build(cfg.local)``. ``checkpoint`` and ``train_prompts`` are
+    not needed here (the state is restored by the policy's ``load_checkpoint`` hook)."""
+    return build(cfg.local)
+
+
+def build_critic(cfg, policy: LocalPolicy, *, checkpoint=None) -> LocalCritic:
+    """A LocalCritic on the policy's engine (a copy of its body + value head), lr ``ppo.critic_lr``; its
+    state is restored by its ``load_checkpoint`` hook."""
     return LocalCritic(policy.engine, lr=float(cfg.ppo.critic_lr))

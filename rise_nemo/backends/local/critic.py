@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
 from rise_nemo.backends.local.engine import LocalEngine
-from rise_nemo.backends.local.policy import _lengths, slice_batch
+from rise_nemo.backends.local.policy import _lengths, load_state, save_state, slice_batch
 from rise_nemo.interfaces import LossFn
 
 
@@ -108,3 +109,10 @@ class LocalCritic:
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.train_steps = int(state.get("train_steps", 0))
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        """interfaces.Critic hook: ``state_dict()`` as ``<path>/state.pt``."""
+        save_state(self.state_dict(), path)
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        self.load_state_dict(load_state(path))

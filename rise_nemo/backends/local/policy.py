@@ -51,6 +51,26 @@ def slice_batch(data: Mapping[str, torch.Tensor], start: int, end: int, width: i
     return out
 
 
+STATE_FILE = "state.pt"  # what a local model's save_checkpoint(dir) writes into its directory
+
+
+def save_state(state: dict, path: str | Path) -> None:
+    """``torch.save(state)`` as ``<path>/state.pt`` (the local backend's checkpoint format)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path / STATE_FILE)
+
+
+def load_state(path: str | Path) -> dict:
+    """What ``save_state(state, path)`` wrote. Checkpoints written before the checkpoint hooks held the
+    same state as a file beside the directory (``step_N/policy.pt``, ``step_N/critic.pt``): read those too."""
+    path = Path(path)
+    for candidate in (path / STATE_FILE, path.with_name(path.name + ".pt")):
+        if candidate.is_file():
+            return torch.load(candidate, map_location="cpu", weights_only=False)
+    raise FileNotFoundError(f"{path}: no saved state ({STATE_FILE} is missing)")
+
+
 def _natural_token_mask(mb: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """token_mask [b, t] restricted to natural, unmasked rows (when ``kind`` / ``sample_mask`` exist)."""
     tm = mb["token_mask"].float()
@@ -203,6 +223,13 @@ class LocalPolicy:
         self.train_steps = int(state.get("train_steps", 0))
         ref = state.get("reference")
         self.reference = None if ref is None else {k: v.clone() for k, v in ref.items()}
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        """interfaces.Policy hook: ``state_dict()`` as ``<path>/state.pt``."""
+        save_state(self.state_dict(), path)
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        self.load_state_dict(load_state(path))
 
     def save_pretrained(self, path: str | Path) -> Path:
         """Write model + tokenizer in Hugging Face format (loadable again with ``local.model: path``)."""

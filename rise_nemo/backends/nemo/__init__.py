@@ -20,7 +20,7 @@ Modules (NeMo-RL is imported lazily, inside functions, except in ``env_actor``):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -114,32 +114,47 @@ def _policy_with_resume(policy_cls: Any, resume_dir: Path | None, **kwargs: Any)
     return policy_cls(**kwargs)
 
 
-def _critic(recipe: Mapping[str, Any], session: Any, master: Any, train_cluster: Any, latest: Path | None):
-    """A ``NemoCritic`` when the recipe has a ``nemo.value`` block (PPO-style methods), else None.
+def _resume_dir(checkpoint: str | Path | None, name: str) -> Path | None:
+    """``<checkpoint>/<name>`` when it holds NeMo-RL weights (what save_checkpoint wrote there), else None."""
+    if checkpoint is None:
+        return None
+    path = Path(checkpoint) / name
+    return path if (path / "weights").exists() else None
 
-    The value model is NeMo-RL's ``Value`` on the policy's training cluster, configured from the policy
-    (``critic.value_config``) plus the block's overrides; it resumes from ``<checkpoint>/critic``."""
+
+def build_critic(cfg: Any, policy: Any, *, checkpoint: str | Path | None = None):
+    """A ``NemoCritic`` on NeMo-RL's ``Value`` for a recipe with a ``nemo.value`` block (PPO-style methods).
+
+    The value model goes on the policy's training cluster, configured from the policy
+    (``critic.value_config``) plus the block's overrides; NeMo-RL loads weights only when it is built, so a
+    resumed run passes its ``checkpoint`` (the value model comes from ``<checkpoint>/critic``)."""
+    recipe = plain_recipe(cfg)
     overrides = (recipe.get("nemo") or {}).get("value")
     if overrides is None:
-        return None
+        raise NemoConfigError(f"method {recipe.get('method')!r} trains a value model: the recipe needs a "
+                              "nemo.value block (see recipes/ppo_math_7b.yaml)")
     from rise_nemo.backends.nemo.critic import NemoCritic, build_value, value_config
 
-    config = value_config(master.policy, overrides)
-    resume = latest / "critic" if latest is not None and (latest / "critic" / "weights").exists() else None
-    value = build_value(train_cluster, session.tokenizer, config, resume, policy=session.policy)
+    session = policy.session
+    config = value_config(session.config["policy"], overrides)
+    resume = _resume_dir(checkpoint, "critic")
+    value = build_value(session.train_cluster, session.tokenizer, config, resume, policy=session.policy)
     return NemoCritic(session, value, config, resumed_from=resume)
 
 
-def build(cfg: Any):
+def build_backend(cfg: Any, *, checkpoint: str | Path | None = None, train_prompts: Sequence[Any] | None = None):
     """``(NemoPolicy, NemoGenerator)`` for a validated recipe with ``backend: nemo`` (needs NeMo-RL).
 
-    With a ``nemo.value`` block the value model is built too: ``policy.session.critic`` (a ``NemoCritic``)."""
+    ``checkpoint``: the run's checkpoint to resume from (NeMo-RL loads weights and optimizer only when the
+    Policy is built: from ``<checkpoint>/policy``). ``train_prompts``: the training set, handed to
+    ``grpo.setup()``'s dataloader so NeMo-RL's bookkeeping (sizes, logs) is truthful; rise_nemo samples its
+    own prompts."""
     recipe = plain_recipe(cfg)
     check_recipe(recipe)
     if algorithm(recipe) != "grpo":
         raise NemoConfigError(
             "recipe key nemo.algorithm is 'distillation': run it with "
-            "`python -m rise_nemo.backends.nemo.distill --config RECIPE`, not `rise-nemo train`"
+            "`rise-nemo distill --config RECIPE`, not `rise-nemo train`"
         )
     try:
         from nemo_rl.algorithms import grpo
@@ -154,27 +169,20 @@ def build(cfg: Any):
     from nemo_rl.models.policy.lm_policy import Policy
 
     from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession
-    from rise_nemo.orchestration.checkpoint import latest_checkpoint
-    from rise_nemo.orchestration.data import load_prompts
 
-    run_dir = run_dir_of(recipe)
-    master = grpo.MasterConfig(**build_master_config(recipe, run_dir))
+    master = grpo.MasterConfig(**build_master_config(recipe, run_dir_of(recipe)))
     init_ray()
     tokenizer = get_tokenizer(master.policy["tokenizer"])
     master.policy["generation"] = configure_generation_config(master.policy["generation"], tokenizer)
     chat_kwargs = master.policy["tokenizer"].get("chat_template_kwargs") or {}
-    # grpo.setup() builds a dataloader; rise_nemo samples its own prompts, but giving setup the real
-    # training set keeps NeMo-RL's bookkeeping (sizes, logs) truthful.
-    train_prompts, _ = load_prompts(cfg)
-    dataset = nemo_dataset(train_prompts, partial(encode_chat, tokenizer, chat_template_kwargs=chat_kwargs),
+    dataset = nemo_dataset(list(train_prompts or []), partial(encode_chat, tokenizer, chat_template_kwargs=chat_kwargs),
                            int(recipe["grpo"]["prompts_per_step"]))
-    latest = latest_checkpoint(run_dir)
-    resume = latest / "policy" if latest is not None and (latest / "policy" / "weights").exists() else None
+    resume = _resume_dir(checkpoint, "policy")
     out = grpo.setup(master, tokenizer, dataset, None, policy_factory=partial(_policy_with_resume, Policy, resume))
     policy, generation, master = out[0], out[1], out[10]
     session = NemoSession(policy, generation, tokenizer, {"policy": master.policy}, refit=grpo.refit_policy_generation)
     session.resumed_from = resume
-    session.critic = _critic(recipe, session, master, out[3][0], latest)
+    session.train_cluster = out[3][0]
     behaviour = (recipe["nemo"].get("adapter") or {}).get("importance_sampling", "none") == "behaviour_ratio"
     return NemoPolicy(session, behaviour_ratio=behaviour), NemoGenerator(session)
 
@@ -186,4 +194,5 @@ def register_rubric_environment(name: str = "rubric") -> str:
     return register(name)
 
 
-__all__ = ["NEMO_RL_COMMIT", "NemoConfigError", "build", "check_recipe", "register_rubric_environment"]
+__all__ = ["NEMO_RL_COMMIT", "NemoConfigError", "build_backend", "build_critic", "check_recipe",
+           "register_rubric_environment"]

@@ -79,7 +79,7 @@ def algorithm(recipe: Mapping[str, Any]) -> str:
 def validate_nemo_block(recipe: Mapping[str, Any]) -> None:
     """Checks that need no NeMo-RL: our keys, derived keys not duplicated, features the backend lacks.
 
-    The parallel layout and memory are checked by ``rise_nemo.planner.plan_recipe`` (called by build()).
+    The parallel layout and memory are checked by ``rise_nemo.planner.plan_recipe`` (called by build_backend()).
     """
     nemo = recipe.get("nemo")
     if not isinstance(nemo, Mapping) or not nemo:

@@ -157,12 +157,6 @@ class NemoCritic:
                 f"{self.resumed_from or 'scratch'}; NeMo-RL loads checkpoints only when the value model is created"
             )
 
-    def state_dict(self) -> dict:
-        raise NotImplementedError("nemo backend checkpoints the critic through save_checkpoint(dir)")
-
-    def load_state_dict(self, state: dict) -> None:
-        raise NotImplementedError("nemo backend resumes the critic through load_checkpoint(dir)")
-
 
 def build_value(train_cluster: Any, tokenizer: Any, config: Mapping[str, Any], resume_dir: Path | None,
                 policy: Any = None) -> Any:

@@ -1,6 +1,6 @@
 """On-policy distillation baseline (recipes/opd_*.yaml) on NeMo-RL's distillation path.
 
-    python -m rise_nemo.backends.nemo.distill --config recipes/opd_14b_teacher32b.yaml [key=value ...]
+    rise-nemo distill --config recipes/opd_14b_teacher32b.yaml [key=value ...]   (rise_nemo.commands.distill)
 
 The student samples with vLLM, the teacher scores the student's tokens (top-k logits), and the student
 minimises NeMo-RL's DistillationLossFn; this is NeMo-RL's own ``distillation_train`` — rise_nemo supplies
@@ -12,9 +12,9 @@ and at the end, keeping the newest ``train.keep_checkpoints`` (``config.checkpoi
 
 from __future__ import annotations
 
-import argparse
-import sys
+from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
 from rise_nemo.backends.nemo import (
     NemoConfigError,
@@ -28,14 +28,13 @@ from rise_nemo.backends.nemo import (
 from rise_nemo.backends.nemo.config import algorithm, build_master_config
 
 
-def run(config_path: str, overrides: list[str]) -> int:
-    from rise_nemo.config.loader import load_config
-
-    cfg = load_config(config_path, overrides)
+def run_distillation(cfg: Any, train_prompts: Sequence[Any], eval_prompts: Sequence[Any]) -> int:
+    """NeMo-RL's distillation setup + ``distillation_train`` for a validated OPD recipe, on the given rubric
+    prompts (the caller, ``rise-nemo distill``, loads them from the recipe's data: block)."""
     recipe = plain_recipe(cfg)
     check_recipe(recipe)
     if algorithm(recipe) != "distillation":
-        raise NemoConfigError(f"{config_path}: nemo.algorithm must be 'distillation' for this entry point")
+        raise NemoConfigError("nemo.algorithm must be 'distillation' for `rise-nemo distill`")
 
     from nemo_rl.algorithms import distillation
     from nemo_rl.algorithms.utils import get_tokenizer
@@ -44,15 +43,13 @@ def run(config_path: str, overrides: list[str]) -> int:
     from nemo_rl.models.generation import configure_generation_config
 
     from rise_nemo.backends.nemo.environment import TASK_NAME, rubric_datum
-    from rise_nemo.orchestration.data import load_prompts
 
     master = distillation.MasterConfig(**build_master_config(recipe, run_dir_of(recipe)))
     init_ray()
     tokenizer = get_tokenizer(master.policy["tokenizer"])
     master.policy["generation"] = configure_generation_config(master.policy["generation"], tokenizer)
     encode = partial(encode_chat, tokenizer, chat_template_kwargs=master.policy["tokenizer"].get("chat_template_kwargs") or {})
-    train_prompts, eval_prompts = load_prompts(cfg)
-    train = nemo_dataset(train_prompts, encode, int(master.distillation["num_prompts_per_step"]))
+    train = nemo_dataset(list(train_prompts), encode, int(master.distillation["num_prompts_per_step"]))
     val = [rubric_datum(p, encode, i) for i, p in enumerate(eval_prompts)] or None
 
     register_rubric_environment(TASK_NAME)
@@ -68,17 +65,4 @@ def run(config_path: str, overrides: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rise_nemo.backends.nemo.distill", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", required=True)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    try:
-        return run(args.config, list(args.overrides))
-    except NemoConfigError as exc:
-        print(f"distill: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["run_distillation"]

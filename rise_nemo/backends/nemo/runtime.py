@@ -66,8 +66,8 @@ class NemoSession:
         self.stale = True  # vLLM holds weights older than the policy's
         self.generating = False
         self.refits = 0
-        self.resumed_from: Path | None = None  # checkpoint the policy was built from (set by build())
-        self.critic: Any = None  # NemoCritic when the recipe has a value model (set by build())
+        self.resumed_from: Path | None = None  # checkpoint the policy was built from (set by build_backend())
+        self.train_cluster: Any = None  # NeMo-RL's training cluster, where build_critic() places the value model
 
     def open_generation(self) -> None:
         if self.generating:
@@ -236,20 +236,14 @@ class NemoPolicy:
         )
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """NeMo-RL loads weights and optimizer when the Policy is built; build() points it at the run's
-        latest checkpoint. This hook only verifies that the orchestration resumes from that same one."""
+        """NeMo-RL loads weights and optimizer when the Policy is built; build_backend(checkpoint=) points it
+        at the checkpoint the caller resumes from. This hook only verifies that it is this same one."""
         loaded = getattr(self.session, "resumed_from", None)
         if loaded is None or Path(loaded).resolve() != Path(path).resolve():
             raise RuntimeError(
                 f"nemo backend: asked to resume from {path}, but the policy was built from {loaded or 'scratch'}; "
                 "NeMo-RL loads checkpoints only when the policy is created (restart the run to resume)"
             )
-
-    def state_dict(self) -> dict:
-        raise NotImplementedError("nemo backend checkpoints through save_checkpoint(dir) (sharded Megatron state)")
-
-    def load_state_dict(self, state: dict) -> None:
-        raise NotImplementedError("nemo backend resumes through load_checkpoint(dir)")
 
 
 def natural_sampling_error(batch: Mapping[str, torch.Tensor]) -> float | None:

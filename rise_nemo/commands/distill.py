@@ -1,0 +1,32 @@
+"""`rise-nemo distill --config RECIPE`: the on-policy distillation baseline (recipes/opd_*.yaml) on NeMo-RL.
+
+NeMo-RL runs the whole loop (``nemo_rl.algorithms.distillation``, see rise_nemo.backends.nemo.distill);
+this command loads the recipe and its rubric prompts and hands them over. Needs NeMo-RL (its container).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "on-policy distillation baseline (recipes/opd_*.yaml) on NeMo-RL's distillation path"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="an OPD recipe (nemo.algorithm: distillation)")
+    parser.add_argument("overrides", nargs="*", help="recipe overrides (key=value, ++key=value)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rise_nemo.backends.nemo.config import NemoConfigError
+    from rise_nemo.backends.nemo.distill import run_distillation
+    from rise_nemo.config.loader import load_config
+    from rise_nemo.errors import UserError
+    from rise_nemo.orchestration.data import load_prompts_checked
+
+    env_sources: dict[str, str] = {}
+    cfg = load_config(args.config, list(args.overrides), env_sources=env_sources)
+    train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
+    try:
+        return run_distillation(cfg, train_prompts, eval_prompts)
+    except NemoConfigError as exc:
+        raise UserError(f"{args.config}: {exc}") from None
