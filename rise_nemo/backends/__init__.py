@@ -9,9 +9,11 @@ validated recipe for ``nemo`` (it needs ``nemo`` plus ``grpo``/``run``).
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 from rise_nemo.interfaces import Critic, Generator, Policy
+from rise_nemo.orchestration.checkpoint import RISE_NEMO_LAYOUT, CheckpointLayout
 
 BACKEND_MODULES: dict[str, str] = {
     "local": "rise_nemo.backends.local",
@@ -27,7 +29,11 @@ def require_backend_extras(name: str) -> None:
         require_extra("local", "transformers", "tokenizers", "safetensors", what="the local backend")
 
 
-def build_backend(cfg: Any) -> tuple[Policy, Generator]:
+def build_backend(cfg: Any, checkpoint: Path | None = None) -> tuple[Policy, Generator]:
+    """``checkpoint``: the one the caller will restore (a resume's latest, `rise-nemo eval --checkpoint`),
+    None for the initial policy. The nemo backend is BUILT from it (NeMo-RL loads weights only when a
+    Policy is created); the local backend builds the initial model and is restored afterwards through
+    ``CheckpointLayout.load`` / ``orchestration.checkpoint.load_checkpoint``."""
     name = cfg.backend
     if name not in BACKEND_MODULES:
         raise ValueError(f"config key 'backend': unknown backend {name!r}; expected one of {sorted(BACKEND_MODULES)}")
@@ -36,8 +42,19 @@ def build_backend(cfg: Any) -> tuple[Policy, Generator]:
     build = getattr(module, "build", None)
     if build is None:
         raise ImportError(f"{BACKEND_MODULES[name]} does not define build(cfg)")
-    policy, generator = build(cfg.local if name == "local" else cfg)
+    policy, generator = build(cfg.local) if name == "local" else build(cfg, checkpoint=checkpoint)
     return policy, generator
+
+
+def checkpoint_layout(cfg: Any) -> CheckpointLayout:
+    """Where a run of this recipe keeps its checkpoints: rise_nemo's own, except the nemo backend's
+    on-policy distillation, which NeMo-RL's loop checkpoints (rise_nemo.backends.nemo.checkpoints)."""
+    if cfg.backend == "nemo":
+        from rise_nemo.backends.nemo import plain_recipe
+        from rise_nemo.backends.nemo.checkpoints import checkpoint_layout as nemo_layout
+
+        return nemo_layout(plain_recipe(cfg))
+    return RISE_NEMO_LAYOUT
 
 
 def build_critic(cfg: Any, policy: Policy) -> Critic:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +152,24 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> list[Path]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """How a run directory keeps its checkpoints, for commands that pick one (`rise-nemo eval --checkpoint`).
+
+    This module's layout (``RISE_NEMO_LAYOUT``) is every rise_nemo training loop's; a backend whose loop is
+    someone else's (NeMo-RL's distillation, rise_nemo.backends.nemo.checkpoints) provides another."""
+
+    root: str  # directory under the run directory
+    dir_name: Callable[[int], str]  # step -> checkpoint directory name
+    list: Callable[[str | Path], list[tuple[int, Path]]]  # run dir -> complete checkpoints, oldest first
+    latest: Callable[[str | Path], Path | None]  # run dir -> the one a resume starts from
+    is_complete: Callable[[Path], bool]
+    load: Callable[[Path, Any], int]  # (checkpoint, policy) -> its step, policy restored
+
+
+RISE_NEMO_LAYOUT = CheckpointLayout(
+    root=CHECKPOINTS, dir_name=step_dir_name, list=list_checkpoints, latest=latest_checkpoint,
+    is_complete=is_complete, load=lambda path, policy: int(load_checkpoint(path, policy)["step"]),
+)

@@ -7,7 +7,12 @@ minimises NeMo-RL's DistillationLossFn; this is NeMo-RL's own ``distillation_tra
 the rubric prompts (the recipe's data: block) and the rubric judge as NeMo-RL's environment, so NeMo-RL's
 validation reports the rubric reward of the student. NeMo-RL's checkpoint manager saves the student
 (weights + optimizer) under ``<run dir>/nemo_rl_checkpoints/step_N/`` every ``train.checkpoint_every`` steps
-and at the end, keeping the newest ``train.keep_checkpoints`` (``config.checkpointing_values``).
+and at the end, keeping the newest ``train.keep_checkpoints`` (``config.checkpointing_values``); a rerun
+resumes from the newest. The recipe is written to ``<run dir>/config.yaml``, so
+
+    rise-nemo eval runs/opd_14b_teacher32b [--checkpoint step_50]
+
+scores the student of a checkpoint (newest by default) on the held-out rubric prompts, as for the RL runs.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 from functools import partial
+from pathlib import Path
 
 from rise_nemo.backends.nemo import (
     NemoConfigError,
@@ -25,7 +31,10 @@ from rise_nemo.backends.nemo import (
     register_rubric_environment,
     run_dir_of,
 )
+from rise_nemo.backends.nemo.checkpoints import latest_nemo_rl_checkpoint, nemo_rl_step
 from rise_nemo.backends.nemo.config import algorithm, build_master_config
+from rise_nemo.errors import UserError
+from rise_nemo.orchestration.rundir import RunDirLock, check_resume, write_config
 
 
 def run(config_path: str, overrides: list[str]) -> int:
@@ -37,6 +46,18 @@ def run(config_path: str, overrides: list[str]) -> int:
     if algorithm(recipe) != "distillation":
         raise NemoConfigError(f"{config_path}: nemo.algorithm must be 'distillation' for this entry point")
 
+    run_dir = Path(run_dir_of(recipe))
+    with RunDirLock(run_dir):
+        # Same run-directory rules as `rise-nemo train`: one job per directory, a resume (NeMo-RL's
+        # distillation.setup resumes from the newest nemo_rl_checkpoints/step_N) only under the same config,
+        # and config.yaml written so that `rise-nemo eval RUN_DIR` finds the recipe next to the checkpoints.
+        check_resume(run_dir, cfg)
+        latest = latest_nemo_rl_checkpoint(run_dir)
+        write_config(run_dir, cfg, nemo_rl_step(latest) if latest is not None else 0)
+        return _distill(cfg, recipe, run_dir)
+
+
+def _distill(cfg, recipe, run_dir: Path) -> int:
     from nemo_rl.algorithms import distillation
     from nemo_rl.algorithms.utils import get_tokenizer
     from nemo_rl.distributed.virtual_cluster import init_ray
@@ -46,7 +67,7 @@ def run(config_path: str, overrides: list[str]) -> int:
     from rise_nemo.backends.nemo.environment import TASK_NAME, rubric_datum
     from rise_nemo.orchestration.data import load_prompts
 
-    master = distillation.MasterConfig(**build_master_config(recipe, run_dir_of(recipe)))
+    master = distillation.MasterConfig(**build_master_config(recipe, str(run_dir)))
     init_ray()
     tokenizer = get_tokenizer(master.policy["tokenizer"])
     master.policy["generation"] = configure_generation_config(master.policy["generation"], tokenizer)
@@ -75,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args.config, list(args.overrides))
-    except NemoConfigError as exc:
+    except (NemoConfigError, UserError) as exc:
         print(f"distill: {exc}", file=sys.stderr)
         return 2
 
