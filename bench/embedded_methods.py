@@ -40,7 +40,7 @@ RECIPES = {
 # Issue-13 ablations: RISE-RL as published (rise.paper_faithful) and the paper plus ONE of our extensions
 # (rise_nemo.core.guidance) each; every row spells all options so it does not depend on the defaults.
 _PAPER = ["rise.paper_faithful=false", "rise.retention.no_regression=none", "rise.retention.mask_penalised_spans=false",
-          "rise.retention.max_length_ratio=null", "rise.gate.enabled=false", "rise.hints=paper"]
+          "rise.retention.max_length_ratio=null", "rise.gate.enabled=false", "rise.gate.budget=null", "rise.hints=paper"]
 VARIANTS = {
     "rise_paper": ("rise", ["rise.paper_faithful=true"]),
     "rise+noreg_hard": ("rise", [*_PAPER, "rise.retention.no_regression=hard"]),
@@ -48,6 +48,7 @@ VARIANTS = {
     "rise+mask": ("rise", [*_PAPER, "rise.retention.mask_penalised_spans=true"]),
     "rise+gate": ("rise", [*_PAPER, "rise.gate.enabled=true"]),
     "rise+length": ("rise", [*_PAPER, "rise.retention.max_length_ratio=1.5", "rise.hints=length_neutral"]),
+    "rise+budget": ("rise", [*_PAPER, "rise.gate.budget=0.5"]),
 }
 
 

@@ -193,3 +193,19 @@ class Verifier(Protocol):
     def verify(self, problems: Sequence[ReasoningProblem], responses: Sequence[str]) -> list[bool | None]:
         """result[i]: does responses[i] state problems[i].answer? ``None`` = could not be decided."""
         ...
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """How a run directory keeps its checkpoints, for commands that pick one (`rise-nemo eval --checkpoint`).
+
+    ``rise_nemo.orchestration.checkpoint.RISE_NEMO_LAYOUT`` is every rise_nemo training loop's; a backend
+    whose loop is someone else's (NeMo-RL's distillation, rise_nemo.backends.nemo.checkpoints) provides
+    another. Declared here so that backends need not import the orchestration."""
+
+    root: str  # directory under the run directory
+    dir_name: Callable[[int], str]  # step -> checkpoint directory name
+    list: Callable[[str | Path], list[tuple[int, Path]]]  # run dir -> complete checkpoints, oldest first
+    latest: Callable[[str | Path], Path | None]  # run dir -> the one a resume starts from
+    is_complete: Callable[[Path], bool]
+    load: Callable[[Path, Policy], int]  # (checkpoint, policy) -> its step, policy restored

@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 HELP = "Guidance-free evaluation on held-out prompts: mean reward, persistent coverage, negative rate"
 
@@ -40,25 +41,28 @@ def _split(items: list[str]) -> tuple[str | None, list[str]]:
     return run_dir, overrides
 
 
-def resolve_checkpoint(run_dir: Path, name: str | None) -> Path | None:
-    """``--checkpoint``: a directory, or a name under RUN_DIR/checkpoints (``step_000010``, ``step_10``,
-    ``10``); None = the latest complete one. An unknown name is a ``UserError`` listing what exists."""
+def resolve_checkpoint(run_dir: Path, name: str | None, layout: Any = None) -> Path | None:
+    """``--checkpoint``: a directory, or a name under the layout's directory (rise_nemo's
+    ``checkpoints/``: ``step_000010``, ``step_10``, ``10``; an OPD run's ``nemo_rl_checkpoints/``:
+    ``step_10``, ``10``); None = the latest complete one, the one a resume starts from. An unknown name is
+    a ``UserError`` listing what exists."""
     from rise_nemo.errors import UserError
-    from rise_nemo.orchestration import checkpoint as ckpt
+    from rise_nemo.orchestration.checkpoint import RISE_NEMO_LAYOUT
 
+    layout = layout or RISE_NEMO_LAYOUT
     if name is None:
-        return ckpt.latest_checkpoint(run_dir)
+        return layout.latest(run_dir)
     given = Path(name)
     if given.is_dir():
         candidate = given
     else:
         digits = name.removeprefix("step_")
-        short = ckpt.step_dir_name(int(digits)) if digits.isdigit() else name
-        candidate = run_dir / ckpt.CHECKPOINTS / short
-    if not ckpt.is_complete(candidate):
-        known = ", ".join(p.name for _, p in ckpt.list_checkpoints(run_dir)) or "none"
+        short = layout.dir_name(int(digits)) if digits.isdigit() else name
+        candidate = run_dir / layout.root / short
+    if not layout.is_complete(candidate):
+        known = ", ".join(p.name for _, p in layout.list(run_dir)) or "none"
         raise UserError(f"--checkpoint {name}: no complete checkpoint at {candidate} (complete checkpoints "
-                        f"in {run_dir}: {known})")
+                        f"in {run_dir / layout.root}: {known})")
     return candidate
 
 
@@ -80,13 +84,14 @@ def run(args: argparse.Namespace) -> int:
     env_sources: dict[str, str] = {}
     cfg = load_config(config, args.overrides, env_sources=env_sources)
 
-    from rise_nemo.orchestration import checkpoint as ckpt
+    from rise_nemo.orchestration.checkpoint import checkpoint_layout
     from rise_nemo.orchestration.data import load_prompts_checked, warm_start_policy
     from rise_nemo.orchestration.evaluate import evaluate
     from rise_nemo.orchestration.run import build_checked_judge, check_backend
 
     # Everything a user can get wrong is checked before the backend is built.
-    path = resolve_checkpoint(run_dir, args.checkpoint) if run_dir is not None else None
+    layout = checkpoint_layout(cfg)
+    path = resolve_checkpoint(run_dir, args.checkpoint, layout) if run_dir is not None else None
     train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
     if not eval_prompts:
         raise UserError("the recipe has no held-out prompts (data.eval_path)")
@@ -95,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     judge = None if cfg.data.source in REASONING_SOURCES else build_checked_judge(cfg)
     from rise_nemo.backends import build_backend
 
+    # A backend that loads weights only when its model is built (nemo) is built from this checkpoint.
     policy, generator = build_backend(cfg, checkpoint=path, train_prompts=train_prompts)
     step = 0
     if run_dir is not None:
@@ -102,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"rise-nemo eval: {run_dir} has no complete checkpoint; evaluating the initial policy",
                   file=sys.stderr)
         else:
-            step = int(ckpt.load_checkpoint(path, policy)["step"])
+            step = layout.load(path, policy)
     if step == 0:  # the recipe's initial policy: on the persistent task that is the warm-started model
         warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
     if cfg.data.source in REASONING_SOURCES:

@@ -77,6 +77,9 @@ class GateCfg:
     enabled: bool = False
     ema: float = 0.5  # weight of the previous value; 0 = the current group's failure share only
     threshold: float = 0.75
+    # At most this share of a step's natural rollouts as privileged ones (the most-failing prompts first,
+    # core.guidance.budget_targets); independent of ``enabled``; null = no bound (the paper).
+    budget: float | None = None
 
 
 @dataclass
@@ -207,6 +210,7 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "rise.retention.max_length_ratio": (lambda v: v is None or v > 0, "> 0 or null"),
     "rise.gate.ema": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "rise.gate.threshold": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "rise.gate.budget": (lambda v: v is None or v > 0, "> 0 or null"),
     "rise.schedule.switch_step": (lambda v: v >= 0, ">= 0"),
     "rise.schedule.ema": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "rise.schedule.patience": (lambda v: v >= 1, ">= 1"),

@@ -21,6 +21,11 @@ extension, not the paper's; ``GuidanceOptions.paper()`` switches every rule off.
    failure share above a threshold" rule.
 4. Length check. A privileged response longer than ``max_length_ratio`` x the mean length of its prompt's
    valid natural responses is not retained (hinted/natural length ratios are logged).
+5. Privileged budget (bounds the guided step's extra generation). At most ``privileged_budget`` x the
+   step's natural rollouts are privileged: when more prompts qualify, the ones whose hinted criteria fail
+   most (gate on: the largest EMA failure share; off: the current group's) keep their G' rollouts, the
+   rest get none this step (``budget_targets``). Early in training nearly every prompt fails its
+   persistent criteria, so this is where the paper's guided step costs most.
 
 All functions are pure (no I/O); shapes are documented per function.
 """
@@ -43,6 +48,7 @@ __all__ = [
     "no_regression_retention",
     "length_ok",
     "FailureGate",
+    "budget_targets",
     "sentence_span",
     "quote_spans",
     "token_span_mask",
@@ -63,6 +69,7 @@ class GuidanceOptions:
     gate: bool = False
     gate_ema: float = 0.5  # weight of the previous EMA value (0 = the current group only)
     gate_threshold: float = 0.75  # EMA failure share a feedback criterion needs to be hinted
+    privileged_budget: float | None = None  # most privileged rollouts per step / natural rollouts; None = off
 
     @staticmethod
     def paper() -> GuidanceOptions:
@@ -175,6 +182,24 @@ class FailureGate:
 
     def load_state_dict(self, state: Mapping) -> None:
         self.values = {str(k): [float(x) for x in v] for k, v in dict(state.get("values", {})).items()}
+
+
+def budget_targets(priorities: Sequence[float], n_natural: int, group_priv: int,
+                   budget: float | None) -> list[int]:
+    """Rule 5: which candidate prompts keep their privileged rollouts under the budget.
+
+    priorities: per candidate prompt, how strongly its hinted criteria fail (higher first); n_natural: the
+    step's natural rollouts; group_priv: G'. At most max(1, floor(budget x n_natural / G')) candidates are
+    kept, highest priority first, ties to the earlier candidate. Returns their positions in ``priorities``
+    in the original order. ``budget`` None keeps all.
+    """
+    if budget is None:
+        return list(range(len(priorities)))
+    if budget <= 0:
+        raise ValueError(f"privileged budget must be > 0, got {budget}")
+    most = max(1, int(budget * n_natural // group_priv + 1e-9))
+    ranked = sorted(range(len(priorities)), key=lambda i: (-float(priorities[i]), i))
+    return sorted(ranked[:most])
 
 
 _SENTENCE_END = re.compile(r"[.!?\n]")

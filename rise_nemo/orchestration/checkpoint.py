@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rise_nemo.interfaces import Critic, Policy
+from rise_nemo.interfaces import CheckpointLayout, Critic, Policy
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -148,3 +148,20 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> list[Path]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+RISE_NEMO_LAYOUT = CheckpointLayout(
+    root=CHECKPOINTS, dir_name=step_dir_name, list=list_checkpoints, latest=latest_checkpoint,
+    is_complete=is_complete, load=lambda path, policy: int(load_checkpoint(path, policy)["step"]),
+)
+
+
+def checkpoint_layout(cfg: Any) -> CheckpointLayout:
+    """Where a run of this recipe keeps its checkpoints: rise_nemo's own, except the nemo backend's
+    on-policy distillation, which NeMo-RL's loop checkpoints (rise_nemo.backends.nemo.checkpoints)."""
+    if cfg.backend == "nemo":
+        from rise_nemo.backends.nemo import plain_recipe
+        from rise_nemo.backends.nemo.checkpoints import checkpoint_layout as nemo_layout
+
+        return nemo_layout(plain_recipe(cfg)) or RISE_NEMO_LAYOUT
+    return RISE_NEMO_LAYOUT

@@ -95,7 +95,8 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
         judge = None if method.family == "reasoning" else build_checked_judge(cfg)
         from rise_nemo.backends import build_backend, build_critic
 
-        latest = ckpt.latest_checkpoint(run_dir)  # the Trainer resumes from it
+        # The checkpoint the Trainer resumes from (Trainer.resume: the latest); the nemo backend is built from it.
+        latest = ckpt.latest_checkpoint(run_dir)
         policy, generator = build_backend(cfg, checkpoint=latest, train_prompts=train_prompts)
         if latest is None:
             warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))

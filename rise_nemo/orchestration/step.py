@@ -32,6 +32,7 @@ from rise_nemo.core.advantages import (
 from rise_nemo.core.guidance import (
     FailureGate,
     GuidanceOptions,
+    budget_targets,
     length_ok,
     no_regression_retention,
     sentence_span,
@@ -100,6 +101,7 @@ def guidance_options(cfg: Any) -> GuidanceOptions:
         mask_penalised_spans=bool(r.mask_penalised_spans), span_unit=str(r.span_unit),
         max_length_ratio=None if r.max_length_ratio is None else float(r.max_length_ratio),
         gate=bool(g.enabled), gate_ema=float(g.ema), gate_threshold=float(g.threshold),
+        privileged_budget=None if g.budget is None else float(g.budget),
     )
     return opts.with_paper(bool(rise.paper_faithful))
 
@@ -189,6 +191,9 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
                     enumerate(zip(prompts, nat.verdicts))]  # eqs. 4-5
         if ctx.gate is not None:
             feedback, guide_gate_stats = gate_feedback(ctx, prompts, nat, feedback)
+        if ctx.options.privileged_budget is not None:
+            feedback, budget_stats = budget_feedback(ctx, prompts, nat, feedback)
+            guide_gate_stats.update(budget_stats)
         feedback = [[p.rubric.criteria[k] for k in ks] for p, ks in zip(prompts, feedback)]
         targets = [i for i, crit in enumerate(feedback) if crit]
         priv = sample_privileged(ctx, prompts, feedback, targets, step)  # eq. 6, judged on the ORIGINAL rubric
@@ -348,6 +353,29 @@ def gate_feedback(
         gated_out += bool(chosen) and not kept
         out.append(kept)
     return out, {"guidance/gated_out_prompts": gated_out}
+
+
+def budget_feedback(
+    ctx: StepContext, prompts: Sequence[RubricPrompt], nat: Scored, feedback: list[list[int]]
+) -> tuple[list[list[int]], dict[str, Any]]:
+    """Privileged budget (core.guidance.budget_targets): the prompts whose hinted criteria fail most keep
+    their feedback; the others get none this step. Priority: the gate's EMA when it is on, else the
+    current group's failure share, of the prompt's most-failed hinted criterion."""
+    candidates, priorities = [], []
+    for i, (prompt, chosen) in enumerate(zip(prompts, feedback)):
+        if not chosen:
+            continue
+        if ctx.gate is not None:
+            share = ctx.gate.values[prompt.prompt_id]
+        else:
+            share = failure_matrix(valid_verdicts(nat.verdicts[i], nat.valid[i]), prompt.rubric.weights).float().mean(0).tolist()
+        candidates.append(i)
+        priorities.append(max(share[k] for k in chosen))
+    g_priv = int(ctx.cfg.rise.privileged_group_size or ctx.cfg.grpo.group_size)
+    kept = {candidates[j] for j in budget_targets(priorities, int(nat.rewards.numel()), g_priv,
+                                                  ctx.options.privileged_budget)}
+    out = [chosen if i in kept else [] for i, chosen in enumerate(feedback)]
+    return out, {"guidance/budget_dropped_prompts": len(candidates) - len(kept)}
 
 
 def sample_privileged(

@@ -181,6 +181,18 @@ def check_batches(tree: Mapping[str, Any], layout: PolicyLayout) -> list[PlanIss
     return out
 
 
+def padding_note(tree: Mapping[str, Any]) -> str | None:
+    """A global batch larger than any step's rows is valid but wasteful: every step is padded to it with
+    masked rows (a 512-row GRPO step under a guided recipe's 1024 trains half padding)."""
+    gbs = get(tree, "nemo.policy.train_global_batch_size", None, int)
+    most = max_train_rows(tree)
+    if gbs is None or most is None or gbs <= most:
+        return None
+    return (f"nemo.policy.train_global_batch_size {gbs} is more than the {most} training rows a step of method "
+            f"{get(tree, 'method', 'rise')!r} can have: every step is padded with {gbs - most} masked rows "
+            f"(set it to {most})")
+
+
 GUIDED_METHODS = ("rise", "uniform", "coupled")  # methods whose steps add privileged rows to the train batch
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rise_nemo.planner import memory
-from rise_nemo.planner.layout import PlanIssue, RecipeKeyError, RecipeLayout, read_layout
+from rise_nemo.planner.layout import PlanIssue, RecipeKeyError, RecipeLayout, padding_note, read_layout
 from rise_nemo.planner.models import resolve_model
 
 DEFAULT_GPU_MEM_GIB = 141.0  # H200
@@ -20,6 +20,7 @@ class PlanReport:
     terms: list[memory.Term]
     kv_sequences: float | None = None
     issues: list[PlanIssue] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # valid but worth changing; never a failure
 
     def phase_total(self, phase: str) -> float:
         return sum(t.gib for t in self.terms if t.phase == phase)
@@ -66,6 +67,9 @@ def plan_recipe(
         )
     layout = read_layout(tree, resolve_model, nodes, gpus_per_node)
     report = PlanReport(layout, gpu_mem_gib, [], issues=list(layout.issues))
+    note = padding_note(tree)
+    if note is not None:
+        report.notes.append(note)
     report.terms += memory.training_terms(tree, layout.policy)
     gen = layout.generation
     if gen is not None:
@@ -168,6 +172,7 @@ def format_report(report: PlanReport, name: str = "") -> str:
         biggest = max((t for t in report.terms if t.phase == phase), key=lambda t: t.gib)
         lines.append(f"  {phase} phase: {report.phase_total(phase):.1f} GiB; largest term: {biggest.label} "
                      f"({biggest.gib:.1f} GiB)")
+    lines += [f"  note: {note}" for note in report.notes]
     if report.issues:
         lines.append("")
         lines.append(f"  CANNOT RUN ({len(report.issues)} problem(s)):")

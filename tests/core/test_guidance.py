@@ -8,6 +8,7 @@ import torch
 from rise_nemo.core.guidance import (
     FailureGate,
     GuidanceOptions,
+    budget_targets,
     length_ok,
     no_regression_retention,
     protected_criteria,
@@ -159,3 +160,17 @@ def test_length_neutral_templates_use_only_the_demo_vocabulary():
 
     known = set(corpus_words(vocabulary_corpus()))
     assert set(corpus_words(LENGTH_NEUTRAL_TEMPLATES)) <= known | {"system", "user", "assistant"}
+
+
+def test_budget_keeps_the_most_failing_prompts_up_to_the_budget():
+    """Rule 5 on hand-built priorities: 8 natural rollouts per prompt x 4 prompts = 32; G' = 8; budget 0.5
+    -> 16 privileged rollouts = 2 prompts, the two with the highest failure share; ties to the earlier one."""
+    priorities = [0.5, 1.0, 0.75, 1.0]
+    assert budget_targets(priorities, 32, 8, 0.5) == [1, 3]
+    assert budget_targets([1.0, 1.0, 1.0], 32, 8, 0.5) == [0, 1]  # ties: earlier candidates first
+    assert budget_targets(priorities, 32, 8, None) == [0, 1, 2, 3]  # off: everyone (the paper)
+    assert budget_targets(priorities, 32, 8, 2.0) == [0, 1, 2, 3]  # a budget larger than the need
+    assert budget_targets(priorities, 32, 8, 0.01) == [1]  # never below one guided prompt
+    assert budget_targets([], 32, 8, 0.5) == []
+    with pytest.raises(ValueError, match="budget"):
+        budget_targets(priorities, 32, 8, 0.0)

@@ -41,6 +41,20 @@ def make_prompts(n: int, offset: int = 0) -> list[RubricPrompt]:
                          rubric) for i in range(n)]
 
 
+def write_jsonl(path, prompts) -> str:
+    """Prompts as rise_nemo's rubric JSONL (data.source: jsonl); returns the path."""
+    import json
+
+    with open(path, "w") as fh:
+        for p in prompts:
+            fh.write(json.dumps({
+                "prompt_id": p.prompt_id, "messages": [dict(m) for m in p.messages],
+                "rubric": [{"criterion": c.text, "points": c.weight,
+                            "check": {"kind": c.check.kind, "value": c.check.value}} for c in p.rubric.criteria],
+            }) + "\n")
+    return str(path)
+
+
 def make_tokenizer():
     from rise_nemo.core.prompts import GUIDANCE_TEMPLATES
 

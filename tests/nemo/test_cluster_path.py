@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cpu_nemo import CpuMegatronPolicy, CpuVllm, make_prompts, make_tokenizer, master_config  # noqa: E402
+from cpu_nemo import CpuMegatronPolicy, CpuVllm, make_prompts, make_tokenizer, master_config, write_jsonl  # noqa: E402
 
 from rise_nemo.backends.nemo import _policy_with_resume  # noqa: E402
 from rise_nemo.backends.nemo.config import NemoConfigError, validate_nemo_block  # noqa: E402
@@ -186,11 +186,13 @@ def test_item3_opd_recipes_checkpoint_with_nemo_rl(name):
     ck = checkpointing_values(tree)
     every, keep, steps = tree["train"]["checkpoint_every"], tree["train"]["keep_checkpoints"], tree["train"]["steps"]
     assert ck == {"checkpointing.enabled": True, "checkpointing.save_period": every or steps,
-                  "checkpointing.keep_top_k": keep or None, "checkpointing.metric_name": None}
+                  "checkpointing.keep_top_k": keep or steps, "checkpointing.metric_name": None}
     # NeMo-RL's save rule (distillation.py:950-961): (step + 1) % save_period == 0 or the last step.
     saved = [s for s in range(steps) if ck["checkpointing.enabled"]
              and ((s + 1) % ck["checkpointing.save_period"] == 0 or s == steps - 1)]
     assert saved and saved[-1] == steps - 1
+    tree["train"]["keep_checkpoints"] = 0  # keep all: an int NeMo-RL's MasterConfig accepts, never None
+    assert checkpointing_values(tree)["checkpointing.keep_top_k"] == steps
     tree["nemo"]["checkpointing"] = {"enabled": False}
     with pytest.raises(NemoConfigError, match="nemo.checkpointing.enabled is set from train.checkpoint_every"):
         validate_nemo_block(tree)
@@ -203,6 +205,143 @@ def test_item3_grpo_recipes_keep_nemo_rl_checkpointing_off():
 
     tree = plain_recipe(load_config(REPO / "recipes" / "rise_14b.yaml"))
     assert checkpointing_values(tree) == {"checkpointing.enabled": False}  # rise_nemo's own loop saves
+
+
+# -- item 3 (end goal): `rise-nemo eval` loads an OPD checkpoint; resume and eval choose by one rule ---------
+
+
+def nemo_rl_save(run_dir: Path, step: int, policy: CpuMegatronPolicy, finish: bool = True) -> Path:
+    """What distillation_train + NeMo-RL's CheckpointManager leave for one save (distillation.py:1003-1029):
+    init_tmp_checkpoint writes tmp_step_N/training_info.json (utils/checkpoint.py:208-237), the student saves
+    policy/{weights,optimizer,tokenizer}, the dataloader state is saved, and finalize_checkpoint renames
+    tmp_step_N to step_N (utils/checkpoint.py:239-266). ``finish=False`` leaves a save cut off by a kill."""
+    import json
+
+    tmp = run_dir / "nemo_rl_checkpoints" / f"tmp_step_{step}"
+    tmp.mkdir(parents=True)
+    (tmp / "training_info.json").write_text(json.dumps({"current_step": step, "total_steps": step,
+                                                        "consumed_samples": 512 * step}))
+    policy.save_checkpoint(weights_path=str(tmp / "policy" / "weights"),
+                           optimizer_path=str(tmp / "policy" / "optimizer"),
+                           tokenizer_path=str(tmp / "policy" / "tokenizer"))
+    torch.save({}, tmp / "train_dataloader.pt")
+    if not finish:
+        return tmp
+    final = tmp.parent / f"step_{step}"
+    tmp.rename(final)
+    return final
+
+
+def test_item3_opd_checkpoint_is_the_one_nemo_rl_resumes_from(tmp_path):
+    """NeMo-RL's distillation resumes from the step_N with the highest N (get_latest_checkpoint_path,
+    utils/checkpoint.py:357-373, re.fullmatch(r"step_\\d+")): numeric, not lexical, order; tmp_step_* (a
+    save cut off) and old_step_* ignored. `rise-nemo eval` takes the same one by default, and names resolve
+    in that directory."""
+    from rise_nemo.backends.nemo.checkpoints import NEMO_RL_LAYOUT, latest_nemo_rl_checkpoint
+    from rise_nemo.commands.evaluate import resolve_checkpoint
+    from rise_nemo.errors import UserError
+
+    tok = make_tokenizer()
+    student = CpuMegatronPolicy(len(tok), 1, [])
+    for step in (2, 9, 10):
+        nemo_rl_save(tmp_path, step, student)
+    nemo_rl_save(tmp_path, 12, student, finish=False)
+    (tmp_path / "nemo_rl_checkpoints" / "old_step_11").mkdir()
+    root = tmp_path / "nemo_rl_checkpoints"
+    assert latest_nemo_rl_checkpoint(tmp_path) == root / "step_10"
+    assert resolve_checkpoint(tmp_path, None, NEMO_RL_LAYOUT) == root / "step_10"
+    for name in ("9", "step_9", "step_000009", str(root / "step_9")):
+        assert resolve_checkpoint(tmp_path, name, NEMO_RL_LAYOUT) == root / "step_9", name
+    with pytest.raises(UserError, match=r"--checkpoint 12: no complete checkpoint .* step_2, step_9, step_10"):
+        resolve_checkpoint(tmp_path, "12", NEMO_RL_LAYOUT)  # the unfinished save is not offered
+    assert latest_nemo_rl_checkpoint(tmp_path / "none") is None
+
+
+def fake_nemo_build(built: list):
+    """Stand-in for NeMo-RL's Policy construction in build_backend()/build_student(): like ``Policy(weights_path=)``
+    it loads the checkpoint's weights when the policy is created, and records which checkpoint it was."""
+    from rise_nemo.backends.nemo.checkpoints import policy_dir
+
+    def build(recipe, checkpoint):
+        policy, generator, fake = backend()
+        resume = policy_dir(checkpoint)
+        if resume is not None:
+            fake.model.load_state_dict(torch.load(resume / "weights" / "model.pt"))
+        policy.session.resumed_from = resume
+        built.append(checkpoint)
+        return policy, generator
+
+    return build
+
+
+@pytest.mark.parametrize("choice", [None, "2"])
+def test_item3_eval_scores_the_opd_student_of_a_nemo_rl_checkpoint(tmp_path, monkeypatch, capsys, choice):
+    """`rise-nemo eval RUN_DIR` on an OPD run: the config.yaml the distill entry point writes, the newest
+    NeMo-RL checkpoint (or --checkpoint), the student built from its weights, the step from training_info.json.
+    Before: build() refused every distillation recipe."""
+    import json
+
+    import rise_nemo.backends.nemo as nemo_backend
+    from rise_nemo.cli import main
+    from rise_nemo.config.loader import load_config, to_yaml
+    from rise_nemo.orchestration.rundir import write_config
+
+    run_dir = tmp_path / "opd"
+    cfg = load_config(REPO / "recipes" / "opd_4b_teacher14b.yaml", [
+        f"run.dir={run_dir}", "judge={type: rule}", "eval.samples_per_prompt=2", f"grpo.max_new_tokens={MAX_NEW}",
+        f"data.train_path={write_jsonl(tmp_path / 'train.jsonl', make_prompts(4))}",
+        f"data.eval_path={write_jsonl(tmp_path / 'eval.jsonl', make_prompts(2, 4))}",
+    ])
+    run_dir.mkdir()
+    write_config(run_dir, cfg, 0)  # what the distill entry point writes (tested against NeMo-RL in tests/nemo)
+    assert "algorithm: distillation" in to_yaml(cfg)
+    tok = make_tokenizer()
+    students = {}
+    for step in (1, 2, 3):
+        students[step] = CpuMegatronPolicy(len(tok), 1, [])
+        students[step].model.load_state_dict({"table": torch.full_like(students[step].model.table, float(step))})
+        nemo_rl_save(run_dir, step, students[step])
+    built: list = []
+    monkeypatch.setattr(nemo_backend, "build_student", fake_nemo_build(built))
+    args = ["eval", str(run_dir)] + (["--checkpoint", choice] if choice else [])
+    assert main(args) == 0
+    step = 3 if choice is None else int(choice)
+    assert built == [run_dir / "nemo_rl_checkpoints" / f"step_{step}"]
+    result = json.loads((run_dir / "eval" / f"step_{step:06d}.json").read_text())
+    assert result["step"] == step and result["num_prompts"] == 2
+    assert f"step {step}: mean reward" in capsys.readouterr().out
+
+
+def test_item3_eval_of_a_grpo_run_builds_the_policy_from_the_chosen_checkpoint(tmp_path, monkeypatch):
+    """NeMo-RL loads weights only when the Policy is created, so the checkpoint is chosen before build():
+    `rise-nemo eval --checkpoint 1` builds from step 1 (before: build() always took the latest, and the
+    step-1 eval failed with "policy was built from .../step_000002"), and a resume builds from the latest
+    of the run directory it resumes (also under --run-dir, which run.dir does not name)."""
+    import rise_nemo.backends.nemo as nemo_backend
+    from rise_nemo.cli import main
+    from rise_nemo.config.loader import to_yaml
+    from rise_nemo.orchestration.run import build_trainer
+
+    tree = recipe(tmp_path / "elsewhere", "rise", steps=2)
+    tree["data"] = {"source": "jsonl", "train_path": write_jsonl(tmp_path / "train.jsonl", make_prompts(4)),
+                    "eval_path": write_jsonl(tmp_path / "eval.jsonl", make_prompts(2, 4))}
+    run_dir = tmp_path / "run"
+    policy, generator, _ = backend()
+    cfg = config_from_dict(tree)
+    Trainer(cfg, policy, generator, build_judge(cfg.judge), make_prompts(4), make_prompts(2, 4), run_dir=run_dir).run()
+    assert (run_dir / "config.yaml").is_file() and "nemo" in to_yaml(cfg)
+    built: list = []
+    fake = fake_nemo_build(built)
+    monkeypatch.setattr(nemo_backend, "build_backend",
+                        lambda cfg, checkpoint=None, train_prompts=None: fake(None, checkpoint))
+    assert main(["eval", str(run_dir), "--checkpoint", "1"]) == 0
+    assert built == [run_dir / "checkpoints" / "step_000001"]
+    assert (run_dir / "eval" / "step_000001.json").is_file()
+    trainer = build_trainer(cfg, run_dir=run_dir)  # what `rise-nemo train --run-dir RUN` builds
+    try:
+        assert built[-1] == run_dir / "checkpoints" / "step_000002"
+    finally:
+        trainer.lock.release()
 
 
 # -- item 4: each row's PPO reference under behaviour_ratio, for every method ---------------------------------

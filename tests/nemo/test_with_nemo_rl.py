@@ -6,7 +6,7 @@ checkout on PYTHONPATH and its pure-Python dependencies installed (see README "R
 - the loss adapter through NeMo-RL's input preparation (logits -> next-token log-probs) equals NeMo-RL's
   ClippedPGLossFn on a natural-only batch (same clip, token-level, KL 0), in value and gradient;
 - the adapter unpickles in a fresh process with NeMo-RL's enums;
-- ``build()`` merges a recipe into a real NeMo-RL example config and passes NeMo-RL's MasterConfig, then the
+- ``build_backend()`` merges a recipe into a real NeMo-RL example config and passes NeMo-RL's MasterConfig, then the
   RISE loop runs on mocked NeMo-RL policy/generation the way NeMo-RL's tests/unit/algorithms/test_grpo.py
   drives grpo_train (MagicMock objects, refit_policy_generation patched on the grpo module);
 - the rubric environment runs as a Ray actor inside NeMo-RL's run_multi_turn_rollout.
@@ -15,7 +15,6 @@ checkout on PYTHONPATH and its pure-Python dependencies installed (see README "R
 from __future__ import annotations
 
 import functools
-import json
 import os
 import pickle
 import subprocess
@@ -31,7 +30,7 @@ pytestmark = pytest.mark.nemo
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cpu_nemo import Bigram, CpuVllm, make_prompts, make_tokenizer  # noqa: E402
+from cpu_nemo import Bigram, CpuVllm, make_prompts, make_tokenizer, write_jsonl  # noqa: E402
 
 from rise_nemo.backends.nemo.loss import RiseLossFunction  # noqa: E402
 from rise_nemo.core.losses import ObjectiveConfig, rise_objective  # noqa: E402
@@ -125,17 +124,6 @@ def test_adapter_unpickles_with_nemo_enums_in_a_fresh_process(tmp_path):
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
 
 
-def _write_jsonl(path: Path, prompts) -> str:
-    with open(path, "w") as fh:
-        for p in prompts:
-            fh.write(json.dumps({
-                "prompt_id": p.prompt_id, "messages": [dict(m) for m in p.messages],
-                "rubric": [{"criterion": c.text, "points": c.weight,
-                            "check": {"kind": c.check.kind, "value": c.check.value}} for c in p.rubric.criteria],
-            }) + "\n")
-    return str(path)
-
-
 def _mock_generation(vllm: CpuVllm):
     """MagicMock with VllmGeneration's spec whose generate answers like the real engine (shapes matter)."""
     from nemo_rl.models.generation.vllm import VllmGeneration
@@ -200,8 +188,8 @@ def test_build_and_rise_loop_on_mocked_nemo_rl(tmp_path, monkeypatch):
     monkeypatch.setattr("nemo_rl.distributed.virtual_cluster.init_ray", lambda *a, **k: None)
     monkeypatch.setattr("nemo_rl.algorithms.utils.get_tokenizer", lambda *a, **k: tok)
 
-    train = _write_jsonl(tmp_path / "train.jsonl", make_prompts(4))
-    evalp = _write_jsonl(tmp_path / "eval.jsonl", make_prompts(2, 4))
+    train = write_jsonl(tmp_path / "train.jsonl", make_prompts(4))
+    evalp = write_jsonl(tmp_path / "eval.jsonl", make_prompts(2, 4))
     cfg = load_config(REPO / "recipes" / "rise_4b.yaml", [
         f"run.dir={tmp_path / 'run'}", "grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.max_new_tokens=10",
         "rise.privileged_group_size=4", "rise.schedule.mode=fixed", "reward.overlong_buffer=0", "train.steps=2", "train.progress=false",
@@ -326,16 +314,18 @@ def test_distill_entry_point_drives_nemo_distillation(tmp_path, monkeypatch):
     monkeypatch.setattr("nemo_rl.distributed.virtual_cluster.init_ray", lambda *a, **k: None)
     monkeypatch.setattr("nemo_rl.algorithms.utils.get_tokenizer", lambda *a, **k: tok)
     monkeypatch.setattr("nemo_rl.environments.utils.create_env", lambda name, cfg: seen.setdefault("env", (name, cfg)))
-    train = _write_jsonl(tmp_path / "train.jsonl", make_prompts(5))
-    evalp = _write_jsonl(tmp_path / "eval.jsonl", make_prompts(2, 5))
+    train = write_jsonl(tmp_path / "train.jsonl", make_prompts(5))
+    evalp = write_jsonl(tmp_path / "eval.jsonl", make_prompts(2, 5))
     rc = cli_main(["distill", "--config", str(REPO / "recipes" / "opd_4b_teacher14b.yaml"), f"run.dir={tmp_path / 'run'}",
-                       f"data.train_path={train}", f"data.eval_path={evalp}", "judge={type: rule}"])
+                   f"data.train_path={train}", f"data.eval_path={evalp}", "judge={type: rule}"])
     assert rc == 0
     assert isinstance(seen["master"], distillation.MasterConfig)
     assert len(seen["train"]) == 512 and len(seen["val"]) == 2  # padded to one batch of num_prompts_per_step
     assert seen["env"][0] == "rubric" and seen["env"][1]["type"] == "rule"
     args = seen["train_args"]
     assert args[:3] == ("student", "teacher", "generation") and set(args[7]) == {"rubric"}
+    # the recipe next to NeMo-RL's checkpoints, for `rise-nemo eval RUN_DIR` (issue 12)
+    assert "algorithm: distillation" in (tmp_path / "run" / "config.yaml").read_text()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -505,3 +495,133 @@ def test_issue12_real_policy_train_gets_a_constant_gbs(monkeypatch):
         policy_if.train(data, functools.partial(rise_objective, cfg=ObjectiveConfig()))
     assert [gbs for gbs, _ in seen] == [32, 32, 32]  # one scheduler iteration per step
     assert all(shards == [16, 16] for _, shards in seen)  # NeMo-RL's own DP sharding of the padded batch
+
+
+def _opd_recipe_paths(tmp_path, monkeypatch):
+    nemo_dir = Path(nemo_rl.__file__).resolve().parents[1]
+    if not (nemo_dir / "examples" / "configs" / "distillation_math_megatron.yaml").exists():
+        pytest.skip("NeMo-RL example configs not found next to nemo_rl")
+    monkeypatch.setenv("NEMO_RL_DIR", str(nemo_dir))
+    return [f"run.dir={tmp_path / 'opd'}", "judge={type: rule}",
+            f"data.train_path={write_jsonl(tmp_path / 'train.jsonl', make_prompts(4))}",
+            f"data.eval_path={write_jsonl(tmp_path / 'eval.jsonl', make_prompts(2, 4))}"]
+
+
+def test_issue12_opd_eval_takes_the_checkpoint_nemo_rl_resumes_from(tmp_path, monkeypatch):
+    """Item 3's end goal: NeMo-RL's own CheckpointManager, configured from the OPD recipe (the distillation
+    MasterConfig rise_nemo builds), saves steps the way distillation_train does; `rise-nemo eval`'s layout
+    lists the same finished checkpoints and picks the one NeMo-RL's get_latest_checkpoint_path resumes from.
+    (keep_checkpoints=0, "keep all", used to give keep_top_k=None, which NeMo-RL's MasterConfig refuses.)"""
+    from nemo_rl.algorithms import distillation
+    from nemo_rl.utils.checkpoint import CheckpointManager
+
+    from rise_nemo.backends.nemo import plain_recipe
+    from rise_nemo.backends.nemo.checkpoints import NEMO_RL_LAYOUT, nemo_rl_step
+    from rise_nemo.backends.nemo.config import build_master_config
+    from rise_nemo.config.loader import load_config
+    from rise_nemo.orchestration.checkpoint import checkpoint_layout
+
+    cfg = load_config(REPO / "recipes" / "opd_4b_teacher14b.yaml", _opd_recipe_paths(tmp_path, monkeypatch)
+                      + ["train.keep_checkpoints=0"])
+    run_dir = tmp_path / "opd"
+    master = distillation.MasterConfig(**build_master_config(plain_recipe(cfg), str(run_dir)))
+    manager = CheckpointManager(master.checkpointing)
+    for step in (2, 9, 10, 12):
+        path = Path(manager.init_tmp_checkpoint(step, {"total_steps": step}, master))
+        (path / "policy" / "weights").mkdir(parents=True)
+        if step != 12:  # 12: killed before finalize_checkpoint
+            manager.finalize_checkpoint(path)
+    assert checkpoint_layout(cfg) is NEMO_RL_LAYOUT
+    latest = NEMO_RL_LAYOUT.latest(run_dir)
+    assert latest == Path(manager.get_latest_checkpoint_path()) == run_dir / "nemo_rl_checkpoints" / "step_10"
+    assert [s for s, _ in NEMO_RL_LAYOUT.list(run_dir)] == [2, 9, 10] and nemo_rl_step(latest) == 10
+    assert all(NEMO_RL_LAYOUT.is_complete(p) for _, p in NEMO_RL_LAYOUT.list(run_dir))
+
+
+def test_issue12_opd_student_built_from_the_checkpoint_with_nemo_rl_signatures(tmp_path, monkeypatch):
+    """build() on an OPD recipe builds the student for evaluation as distillation.setup does, against
+    NeMo-RL's real classes (autospec: every call must match the real signature): Megatron Policy loading
+    <checkpoint>/policy/weights without optimizer, colocated VllmGeneration with the policy's model name,
+    refit info exchanged; the session refits through grpo.refit_policy_generation."""
+    from unittest.mock import create_autospec
+
+    import nemo_rl.distributed.virtual_cluster as vc
+    import nemo_rl.models.generation.vllm as vllm_mod
+    import nemo_rl.models.policy.lm_policy as lm_policy
+
+    import rise_nemo.backends.nemo as nemo_backend
+    from rise_nemo.config.loader import load_config
+
+    cfg = load_config(REPO / "recipes" / "opd_4b_teacher14b.yaml", _opd_recipe_paths(tmp_path, monkeypatch))
+    checkpoint = tmp_path / "opd" / "nemo_rl_checkpoints" / "step_50"
+    (checkpoint / "policy" / "weights").mkdir(parents=True)
+    (checkpoint / "training_info.json").write_text('{"total_steps": 50}')
+    mocks = {"cluster": create_autospec(vc.RayVirtualCluster), "vllm": create_autospec(vllm_mod.VllmGeneration),
+             "policy": create_autospec(lm_policy.Policy)}
+    monkeypatch.setattr(vc, "RayVirtualCluster", mocks["cluster"])
+    monkeypatch.setattr(vllm_mod, "VllmGeneration", mocks["vllm"])
+    monkeypatch.setattr(lm_policy, "Policy", mocks["policy"])
+    monkeypatch.setattr(vc, "init_ray", lambda *a, **k: None)
+    monkeypatch.setattr("nemo_rl.algorithms.utils.get_tokenizer", lambda *a, **k: make_tokenizer())
+    policy_if, generator = nemo_backend.build_backend(cfg, checkpoint=checkpoint)
+
+    kwargs = mocks["policy"].call_args.kwargs
+    assert kwargs["weights_path"] == str(checkpoint / "policy" / "weights") and kwargs["optimizer_path"] is None
+    assert kwargs["init_optimizer"] is False and kwargs["init_reference_model"] is False
+    assert kwargs["config"]["model_name"] == "Qwen/Qwen3-4B" and kwargs["config"]["megatron_cfg"]["train_iters"] == 50
+    gen_cfg = mocks["vllm"].call_args.kwargs["config"]
+    assert gen_cfg["model_name"] == "Qwen/Qwen3-4B" and gen_cfg["colocated"]["enabled"] is True
+    cluster_kwargs = mocks["cluster"].call_args.kwargs
+    assert cluster_kwargs["bundle_ct_per_node_list"] == [8] and cluster_kwargs["num_gpus_per_node"] == 8
+    student, vllm = mocks["policy"].return_value, mocks["vllm"].return_value
+    vllm.prepare_refit_info.assert_called_once_with(student.prepare_refit_info.return_value)
+    from nemo_rl.algorithms import grpo as grpo_mod
+
+    assert policy_if.session.refit is grpo_mod.refit_policy_generation
+    policy_if.load_checkpoint(checkpoint / "policy")  # eval's check that this is the checkpoint it built from
+    with pytest.raises(RuntimeError, match="built from"):
+        policy_if.load_checkpoint(checkpoint.parent / "step_40" / "policy")
+
+
+def test_issue12_grpo_policy_built_from_the_checkpoint_it_is_given(tmp_path, monkeypatch):
+    """Resume and eval on a GRPO-family run: build_backend(cfg, checkpoint=) hands grpo.setup a policy factory that
+    builds NeMo-RL's Policy from that checkpoint (an earlier one included), not the run's latest."""
+    from nemo_rl.algorithms import grpo as grpo_mod
+
+    import rise_nemo.backends.nemo as nemo_backend
+    from rise_nemo.config.loader import load_config
+
+    nemo_dir = Path(nemo_rl.__file__).resolve().parents[1]
+    if not (nemo_dir / "examples" / "configs" / "grpo_math_1B_megatron.yaml").exists():
+        pytest.skip("NeMo-RL example configs not found next to nemo_rl")
+    monkeypatch.setenv("NEMO_RL_DIR", str(nemo_dir))
+    seen: dict = {}
+    tok = make_tokenizer()
+    vllm = CpuVllm(len(tok), 10, tok.pad_token_id, tok.eos_token_id, [])
+
+    def fake_setup(master_config, tokenizer, dataset, val_dataset, policy_factory=None, **k):
+        seen["factory"] = policy_factory
+        return (_mock_policy(dp=2), _mock_generation(vllm), None, (None, None), None, None, None, None, None, None,
+                master_config, {}, {})
+
+    monkeypatch.setattr(grpo_mod, "setup", fake_setup)
+    monkeypatch.setattr("nemo_rl.distributed.virtual_cluster.init_ray", lambda *a, **k: None)
+    monkeypatch.setattr("nemo_rl.algorithms.utils.get_tokenizer", lambda *a, **k: tok)
+    cfg = load_config(REPO / "recipes" / "rise_4b.yaml", [
+        f"run.dir={tmp_path / 'run'}", "judge={type: rule}",
+        f"data.train_path={write_jsonl(tmp_path / 'train.jsonl', make_prompts(4))}",
+        f"data.eval_path={write_jsonl(tmp_path / 'eval.jsonl', make_prompts(2, 4))}"])
+    for step in (1, 2):
+        _megatron_like_policy_dir(tmp_path / "run" / "checkpoints" / f"step_{step:06d}", with_optimizer=True)
+    chosen = tmp_path / "run" / "checkpoints" / "step_000001"
+    policy_if, _ = nemo_backend.build_backend(cfg, checkpoint=chosen)
+    from nemo_rl.models.policy.lm_policy import Policy
+
+    factory, built = seen["factory"], {}
+    assert factory.func is nemo_backend._policy_with_resume and factory.args[0] is Policy
+    factory.func(lambda **k: built.update(k), *factory.args[1:], cluster="c")  # the real factory, Policy recorded
+    assert built["weights_path"] == str(chosen / "policy" / "weights")
+    assert built["optimizer_path"] == str(chosen / "policy" / "optimizer")  # Megatron's embedded optimizer: load it
+    assert policy_if.session.resumed_from == chosen / "policy"
+    nemo_backend.build_backend(cfg, checkpoint=None)
+    assert seen["factory"].args[1] is None  # the initial policy

@@ -68,3 +68,20 @@ def test_resume_with_every_option_on_is_exact(tmp_path, make_trainer, options):
     assert _reproducible(a) == _reproducible(b)
     assert _evals(full) == _evals(parts)
     assert any(m.get("guidance/gated_out_prompts") is not None for m in a)
+
+
+
+def test_privileged_budget_bounds_the_privileged_rollouts_of_every_step(tmp_path, make_trainer):
+    """rise.gate.budget=0.25: at most 25% of a step's natural rollouts are privileged (whole groups of G',
+    at least one prompt), and the prompts left out are logged; without it every failing prompt is guided."""
+    over = ["grpo.group_size=4", "rise.privileged_group_size=4", "rise.schedule.switch_step=5", "train.steps=2",
+            "eval.every=0", "eval.at_start=false"]
+    make_trainer(tmp_path / "paper", "rise", over).run()
+    make_trainer(tmp_path / "budget", "rise", [*over, "rise.gate.budget=0.25"]).run()
+    paper = [m for m in read_metrics(tmp_path / "paper") if m["guidance/active"]]
+    bounded = [m for m in read_metrics(tmp_path / "budget") if m["guidance/active"]]
+    assert len(paper) == len(bounded) == 2
+    # 2 prompts x 4 natural rollouts = 8; 25% = 2 privileged rollouts < one group of G' = 4 -> one prompt
+    assert all(m["guidance/guided_prompts"] == 1 for m in bounded)
+    assert sum(m["guidance/guided_prompts"] for m in bounded) < sum(m["guidance/guided_prompts"] for m in paper)
+    assert sum(m["guidance/budget_dropped_prompts"] for m in bounded) > 0

@@ -200,3 +200,18 @@ def test_global_batch_must_hold_every_row_of_a_step():
     tree["method"] = "rubric_rl"  # no privileged rows
     tree["nemo"]["policy"]["train_global_batch_size"] = 64
     assert not any("training rows" in i for i in issues(tree))
+
+
+def test_global_batch_larger_than_a_step_is_noted_not_refused():
+    """A non-guided method under a guided recipe's global batch runs, but half its rows would be padding:
+    `plan` says so (a note naming the key and the right value) without failing."""
+    tree = tiny_tree()
+    tree["method"] = "rubric_rl"
+    tree["nemo"]["policy"]["train_global_batch_size"] = 128  # 8 x 8 natural rows per step
+    report = plan_recipe(tree)
+    assert report.ok
+    assert len(report.notes) == 1 and "train_global_batch_size 128" in report.notes[0]
+    assert "padded with 64 masked rows" in report.notes[0] and "set it to 64" in report.notes[0]
+    assert "note: nemo.policy.train_global_batch_size" in format_report(report)
+    tree["nemo"]["policy"]["train_global_batch_size"] = 64
+    assert plan_recipe(tree).notes == []

@@ -43,10 +43,19 @@ def test_recipe_loads_validates_and_plans(name):
     check_recipe(tree)  # nemo block + plan at the recipe's own node count
     report = plan_recipe(tree)
     assert report.ok and report.layout.nodes_total == DOCUMENTED_NODES[name]
+    # no shipped recipe pads its steps: train_global_batch_size is exactly what a step can train on
+    assert report.notes == [], report.notes
     assert report.peak_gib < 141
     # the header comment documents the node count the planner uses
     assert f"Nodes: {DOCUMENTED_NODES[name]} x 8 H200" in (RECIPES / name).read_text() or "defaults:" in (
         RECIPES / name).read_text()
+
+
+@pytest.mark.parametrize("name,rows", [("rubric_rl_14b.yaml", 512), ("ruscarl_14b.yaml", 512), ("rise_14b.yaml", 1024)])
+def test_global_batch_is_the_rows_of_one_step(name, rows):
+    """Issue 12: Rubric-RL and RuscaRL train 64 x 8 natural rows only; inheriting rise_14b's 1024 (64 x (8 + 8))
+    would pad every step with 512 masked rows."""
+    assert load(name)["nemo"]["policy"]["train_global_batch_size"] == rows
 
 
 def test_paper_hyperparameters_in_rise_14b():

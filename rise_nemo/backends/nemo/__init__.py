@@ -31,6 +31,7 @@ from rise_nemo.backends.nemo.config import (
     build_master_config,
     validate_nemo_block,
 )
+from rise_nemo.planner.layout import get
 
 NEMO_RL_COMMIT = "81aa43dda4765b0429cf31dab44441e4e4383911"  # tag v0.7.0
 log = logging.getLogger("rise_nemo.backends.nemo")
@@ -114,14 +115,6 @@ def _policy_with_resume(policy_cls: Any, resume_dir: Path | None, **kwargs: Any)
     return policy_cls(**kwargs)
 
 
-def _resume_dir(checkpoint: str | Path | None, name: str) -> Path | None:
-    """``<checkpoint>/<name>`` when it holds NeMo-RL weights (what save_checkpoint wrote there), else None."""
-    if checkpoint is None:
-        return None
-    path = Path(checkpoint) / name
-    return path if (path / "weights").exists() else None
-
-
 def build_critic(cfg: Any, policy: Any, *, checkpoint: str | Path | None = None):
     """A ``NemoCritic`` on NeMo-RL's ``Value`` for a recipe with a ``nemo.value`` block (PPO-style methods).
 
@@ -133,29 +126,17 @@ def build_critic(cfg: Any, policy: Any, *, checkpoint: str | Path | None = None)
     if overrides is None:
         raise NemoConfigError(f"method {recipe.get('method')!r} trains a value model: the recipe needs a "
                               "nemo.value block (see recipes/ppo_math_7b.yaml)")
+    from rise_nemo.backends.nemo.checkpoints import model_dir
     from rise_nemo.backends.nemo.critic import NemoCritic, build_value, value_config
 
     session = policy.session
     config = value_config(session.config["policy"], overrides)
-    resume = _resume_dir(checkpoint, "critic")
+    resume = model_dir(checkpoint, "critic")
     value = build_value(session.train_cluster, session.tokenizer, config, resume, policy=session.policy)
     return NemoCritic(session, value, config, resumed_from=resume)
 
 
-def build_backend(cfg: Any, *, checkpoint: str | Path | None = None, train_prompts: Sequence[Any] | None = None):
-    """``(NemoPolicy, NemoGenerator)`` for a validated recipe with ``backend: nemo`` (needs NeMo-RL).
-
-    ``checkpoint``: the run's checkpoint to resume from (NeMo-RL loads weights and optimizer only when the
-    Policy is built: from ``<checkpoint>/policy``). ``train_prompts``: the training set, handed to
-    ``grpo.setup()``'s dataloader so NeMo-RL's bookkeeping (sizes, logs) is truthful; rise_nemo samples its
-    own prompts."""
-    recipe = plain_recipe(cfg)
-    check_recipe(recipe)
-    if algorithm(recipe) != "grpo":
-        raise NemoConfigError(
-            "recipe key nemo.algorithm is 'distillation': run it with "
-            "`rise-nemo distill --config RECIPE`, not `rise-nemo train`"
-        )
+def _import_nemo_rl():
     try:
         from nemo_rl.algorithms import grpo
     except ImportError as exc:
@@ -163,11 +144,31 @@ def build_backend(cfg: Any, *, checkpoint: str | Path | None = None, train_promp
             "backend: nemo needs NeMo-RL (run inside the NeMo-RL container, or put a NeMo-RL v0.7 checkout "
             "on PYTHONPATH); `rise-nemo plan` checks a recipe without it"
         ) from exc
+    return grpo
+
+
+def build_backend(cfg: Any, *, checkpoint: str | Path | None = None, train_prompts: Sequence[Any] | None = None):
+    """``(NemoPolicy, NemoGenerator)`` for a validated recipe with ``backend: nemo`` (needs NeMo-RL).
+
+    ``checkpoint``: the checkpoint directory the caller restores (``rise-nemo train`` resuming: the latest;
+    ``rise-nemo eval``: the one asked for; rise_nemo.backends.nemo.checkpoints), None for the initial
+    policy. NeMo-RL loads weights and optimizer only when a Policy is created, so the policy is built from
+    ``<checkpoint>/policy`` here. ``train_prompts``: the training set, handed to ``grpo.setup()``'s
+    dataloader so NeMo-RL's bookkeeping (sizes, logs) is truthful; rise_nemo samples its own prompts.
+    A distillation recipe builds its student for evaluation only (``build_student``): its training loop is
+    NeMo-RL's (`rise-nemo distill`; `rise-nemo train` refuses the method before building anything)."""
+    recipe = plain_recipe(cfg)
+    check_recipe(recipe)
+    checkpoint = Path(checkpoint) if checkpoint is not None else None
+    if algorithm(recipe) == "distillation":
+        return build_student(recipe, checkpoint)
+    grpo = _import_nemo_rl()
     from nemo_rl.algorithms.utils import get_tokenizer
     from nemo_rl.distributed.virtual_cluster import init_ray
     from nemo_rl.models.generation import configure_generation_config
     from nemo_rl.models.policy.lm_policy import Policy
 
+    from rise_nemo.backends.nemo.checkpoints import policy_dir
     from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession
 
     master = grpo.MasterConfig(**build_master_config(recipe, run_dir_of(recipe)))
@@ -177,7 +178,7 @@ def build_backend(cfg: Any, *, checkpoint: str | Path | None = None, train_promp
     chat_kwargs = master.policy["tokenizer"].get("chat_template_kwargs") or {}
     dataset = nemo_dataset(list(train_prompts or []), partial(encode_chat, tokenizer, chat_template_kwargs=chat_kwargs),
                            int(recipe["grpo"]["prompts_per_step"]))
-    resume = _resume_dir(checkpoint, "policy")
+    resume = policy_dir(checkpoint)
     out = grpo.setup(master, tokenizer, dataset, None, policy_factory=partial(_policy_with_resume, Policy, resume))
     policy, generation, master = out[0], out[1], out[10]
     session = NemoSession(policy, generation, tokenizer, {"policy": master.policy}, refit=grpo.refit_policy_generation)
@@ -187,6 +188,61 @@ def build_backend(cfg: Any, *, checkpoint: str | Path | None = None, train_promp
     return NemoPolicy(session, behaviour_ratio=behaviour), NemoGenerator(session)
 
 
+def build_student(recipe: Mapping[str, Any], checkpoint: Path | None):
+    """``(NemoPolicy, NemoGenerator)`` on a distillation recipe's STUDENT, for `rise-nemo eval`.
+
+    What NeMo-RL's distillation.setup builds for the student with colocated vLLM (algorithms/distillation.py:
+    300-320 cluster, 503-520 generation, 563-595 policy and refit info), without the teacher, the optimizer or
+    the dataloaders: the Megatron student loads ``<checkpoint>/policy/weights`` (NeMo-RL's CheckpointManager
+    layout, rise_nemo.backends.nemo.checkpoints), vLLM receives them through NeMo-RL's refit, exactly as in
+    training. Weights only: an evaluation never steps the optimizer."""
+    if not bool(get(recipe, "nemo.policy.generation.colocated.enabled", True)):
+        raise NemoConfigError("recipe key nemo.policy.generation.colocated.enabled: rise-nemo eval of a distillation "
+                              "run builds the student with colocated vLLM; set it to true for the evaluation")
+    grpo = _import_nemo_rl()
+    from nemo_rl.algorithms import distillation
+    from nemo_rl.algorithms.utils import get_tokenizer
+    from nemo_rl.distributed.virtual_cluster import RayVirtualCluster, init_ray
+    from nemo_rl.models.generation import configure_generation_config
+    from nemo_rl.models.generation.vllm import VllmGeneration
+    from nemo_rl.models.policy.lm_policy import Policy
+
+    from rise_nemo.backends.nemo.checkpoints import policy_dir
+    from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession
+
+    if checkpoint is not None and policy_dir(checkpoint) is None:
+        raise NemoConfigError(f"{checkpoint}: no policy/weights in this NeMo-RL checkpoint")
+    master = distillation.MasterConfig(**build_master_config(recipe, run_dir_of(recipe)))
+    init_ray()
+    policy_config, cluster_config = master.policy, master.cluster
+    tokenizer = get_tokenizer(policy_config["tokenizer"])
+    generation_config = configure_generation_config(policy_config["generation"], tokenizer)
+    generation_config["model_name"] = policy_config["model_name"]  # vLLM loads the architecture from it
+    if "vllm_cfg" in generation_config:  # vLLM's HF overrides match the training policy's
+        generation_config.setdefault("vllm_kwargs", {})["hf_overrides"] = policy_config.get("hf_config_overrides", {})
+    policy_config["generation"] = generation_config
+    if (policy_config.get("megatron_cfg") or {}).get("enabled"):
+        # Megatron sizes its (unused) scheduler from train_iters, which distillation.setup sets the same way.
+        policy_config["megatron_cfg"]["train_iters"] = int(master.distillation["max_num_steps"])
+    nodes, gpus = int(cluster_config["num_nodes"]), int(cluster_config["gpus_per_node"])
+    cluster = RayVirtualCluster(
+        name="rise_eval_student_cluster", bundle_ct_per_node_list=[gpus] * nodes, use_gpus=True,
+        num_gpus_per_node=gpus, max_colocated_worker_groups=3,
+        port_range_low=cluster_config.get("master_port_range_low"),
+        port_range_high=cluster_config.get("master_port_range_high"),
+    )
+    generation = VllmGeneration(cluster=cluster, config=generation_config)
+    generation.finish_generation()
+    resume = policy_dir(checkpoint)
+    policy = Policy(name_prefix="student", cluster=cluster, config=policy_config, tokenizer=tokenizer,
+                    weights_path=str(resume / "weights") if resume is not None else None, optimizer_path=None,
+                    init_optimizer=False, init_reference_model=False)
+    generation.prepare_refit_info(policy.prepare_refit_info())
+    session = NemoSession(policy, generation, tokenizer, {"policy": policy_config}, refit=grpo.refit_policy_generation)
+    session.resumed_from = resume
+    return NemoPolicy(session, behaviour_ratio=False), NemoGenerator(session)
+
+
 def register_rubric_environment(name: str = "rubric") -> str:
     """Make the rubric judge available to NeMo-RL's own loops as environment ``name`` (needs NeMo-RL)."""
     from rise_nemo.backends.nemo.env_actor import register
@@ -194,5 +250,5 @@ def register_rubric_environment(name: str = "rubric") -> str:
     return register(name)
 
 
-__all__ = ["NEMO_RL_COMMIT", "NemoConfigError", "build_backend", "build_critic", "check_recipe",
+__all__ = ["NEMO_RL_COMMIT", "NemoConfigError", "build_backend", "build_critic", "build_student", "check_recipe",
            "register_rubric_environment"]

@@ -156,7 +156,7 @@ def checkpointing_values(recipe: Mapping[str, Any]) -> dict[str, Any]:
     grpo: rise_nemo's own loop writes ``<run>/checkpoints`` (policy weights + optimizer through NeMo-RL), so
     NeMo-RL's manager stays off. distillation: NeMo-RL's ``distillation_train`` is the loop, so its manager
     must save, with the same meaning as rise_nemo's keys: every ``checkpoint_every`` steps and always at
-    the last step (0 = only at the end), the newest ``keep_checkpoints`` kept (0 = all). NeMo-RL saves
+    the last step (0 = only at the end), the newest ``keep_checkpoints`` kept (0 = all: ``train.steps``). NeMo-RL saves
     when ``(step + 1) % save_period == 0`` or at the last step (algorithms/distillation.py:950-961), and
     keeps the newest ``keep_top_k`` when ``metric_name`` is None (utils/checkpoint.py remove_old_checkpoints).
     """
@@ -167,7 +167,10 @@ def checkpointing_values(recipe: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "checkpointing.enabled": True,
         "checkpointing.save_period": every if every > 0 else max(1, int(get(recipe, "train.steps"))),
-        "checkpointing.keep_top_k": keep if keep > 0 else None,
+        # "keep all" (0) cannot be None: NeMo-RL's MasterConfig types keep_top_k as int (pydantic refuses None)
+        # and CheckpointManager reads the key unconditionally; a run saves at most once per step, so keeping
+        # train.steps checkpoints keeps them all.
+        "checkpointing.keep_top_k": keep if keep > 0 else max(1, int(get(recipe, "train.steps"))),
         "checkpointing.metric_name": None,
     }
 

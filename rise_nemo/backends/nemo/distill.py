@@ -7,13 +7,19 @@ minimises NeMo-RL's DistillationLossFn; this is NeMo-RL's own ``distillation_tra
 the rubric prompts (the recipe's data: block) and the rubric judge as NeMo-RL's environment, so NeMo-RL's
 validation reports the rubric reward of the student. NeMo-RL's checkpoint manager saves the student
 (weights + optimizer) under ``<run dir>/nemo_rl_checkpoints/step_N/`` every ``train.checkpoint_every`` steps
-and at the end, keeping the newest ``train.keep_checkpoints`` (``config.checkpointing_values``).
+and at the end, keeping the newest ``train.keep_checkpoints`` (``config.checkpointing_values``); a rerun
+resumes from the newest. The recipe is written to ``<run dir>/config.yaml``, so
+
+    rise-nemo eval runs/opd_14b_teacher32b [--checkpoint step_50]
+
+scores the student of a checkpoint (newest by default) on the held-out rubric prompts, as for the RL runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from rise_nemo.backends.nemo import (
@@ -25,16 +31,31 @@ from rise_nemo.backends.nemo import (
     register_rubric_environment,
     run_dir_of,
 )
+from rise_nemo.backends.nemo.checkpoints import latest_nemo_rl_checkpoint, nemo_rl_step
 from rise_nemo.backends.nemo.config import algorithm, build_master_config
 
 
-def run_distillation(cfg: Any, train_prompts: Sequence[Any], eval_prompts: Sequence[Any]) -> int:
-    """NeMo-RL's distillation setup + ``distillation_train`` for a validated OPD recipe, on the given rubric
-    prompts (the caller, ``rise-nemo distill``, loads them from the recipe's data: block)."""
+def distillation_recipe(cfg: Any) -> dict[str, Any]:
+    """The plain recipe of a validated OPD config (``NemoConfigError`` unless ``nemo.algorithm: distillation``)."""
     recipe = plain_recipe(cfg)
     check_recipe(recipe)
     if algorithm(recipe) != "distillation":
         raise NemoConfigError("nemo.algorithm must be 'distillation' for `rise-nemo distill`")
+    return recipe
+
+
+def resume_step(run_dir: str | Path) -> int:
+    """The step a rerun of the distillation in ``run_dir`` resumes after (NeMo-RL's distillation.setup
+    resumes from the newest nemo_rl_checkpoints/step_N); 0 for a fresh run."""
+    latest = latest_nemo_rl_checkpoint(run_dir)
+    return nemo_rl_step(latest) if latest is not None else 0
+
+
+def run_distillation(cfg: Any, train_prompts: Sequence[Any], eval_prompts: Sequence[Any]) -> int:
+    """NeMo-RL's distillation setup + ``distillation_train`` for a validated OPD recipe, on the given rubric
+    prompts (the caller, ``rise-nemo distill``, loads them from the recipe's data: block and holds the
+    run-directory lock)."""
+    recipe = distillation_recipe(cfg)
 
     from nemo_rl.algorithms import distillation
     from nemo_rl.algorithms.utils import get_tokenizer
@@ -65,4 +86,4 @@ def run_distillation(cfg: Any, train_prompts: Sequence[Any], eval_prompts: Seque
     return 0
 
 
-__all__ = ["run_distillation"]
+__all__ = ["distillation_recipe", "resume_step", "run_distillation"]
