@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "report": "rise_nemo.commands.report",
     "demo": "rise_nemo.commands.demo",
     "plan": "rise_nemo.commands.plan",
+    "pipeline": "rise_nemo.commands.pipeline",
 }
 
 
