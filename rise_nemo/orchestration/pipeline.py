@@ -152,6 +152,12 @@ def init_policy_from(policy: Any, checkpoint: Path) -> None:
                         "NeMo-RL point the next stage's nemo.policy.model_name at Stage I's converted checkpoint")
     state = torch.load(checkpoint / "policy.pt", map_location="cpu", weights_only=False)
     policy.model.load_state_dict(state["model"])
+    start_next_stage(policy)
+
+
+def start_next_stage(policy: Any) -> None:
+    """The local policy as a new stage begins from its current weights: a fresh optimiser (at ``local.lr``),
+    no KL reference yet (the next KL term snapshots these weights), step counter 0."""
     policy.reset_optimizer()
     policy.reference = None
     policy.train_steps = 0
