@@ -227,3 +227,46 @@ def test_resumed_exprl_run_reproduces_the_uninterrupted_run(tmp_path, method):
         return [{k: v for k, v in m.items() if not k.startswith(("time/", "judge/"))} for m in read_metrics(run)]
     assert rep(full) == rep(parts)
     assert read_metrics(full)[0]["loss/kl"] is not None  # k3 KL 0.001 by the method's defaults
+
+
+def test_reasoning_jsonl_gives_problems_with_references_and_a_math_verifier(tmp_path):
+    """A NeMo-RL ExpRL recipe's data path: reasoning files load as ReasoningProblems (reference solutions
+    included) and are verified by math-verify; rubric methods keep the rubric loader."""
+    import json
+
+    from rise_nemo.orchestration.data import load_prompts, reasoning_tools
+
+    rows = [{"problem": f"What is {k} + {k}?", "solution": f"### Step 1\nAdd: $\\\\boxed{{{2 * k}}}$"} for k in range(3)]
+    path = tmp_path / "math.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = config_from_dict({"method": "exprl_process", "data": {"source": "jsonl", "format": "math",
+                                                               "train_path": str(path), "eval_path": str(path)}})
+    train, held = load_prompts(cfg)
+    assert len(train) == len(held) == 3 and train[0].reference_solution.startswith("### Step 1")
+    verifier, step_acc = reasoning_tools(cfg)
+    assert step_acc is None
+    assert verifier.verify(train[:2], ["so \\\\boxed{0}", "\\\\boxed{7}"]) == [True, False]
+
+
+def test_nemo_export_arguments_name_the_final_checkpoint(tmp_path):
+    import yaml
+
+    from rise_nemo.backends.nemo.export import export_arguments
+    from rise_nemo.errors import UserError
+
+    run = tmp_path / "stage1"
+    run.mkdir()
+    with pytest.raises(UserError, match="no config.yaml"):
+        export_arguments(run, tmp_path / "hf")
+    (run / "config.yaml").write_text(yaml.safe_dump({"nemo": {"policy": {"model_name": "Qwen/Qwen3-4B-Instruct-2507",
+                                                                        "tokenizer": {"name": "tok"}}}}))
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        export_arguments(run, tmp_path / "hf")
+    for step in (10, 20):
+        d = run / "checkpoints" / f"step_{step:06d}"
+        d.mkdir(parents=True)
+        (d / "trainer.pt").write_bytes(b"x")
+        (d / "COMPLETE").write_text(f"{step}\n")
+    args = export_arguments(run, tmp_path / "hf")
+    assert args["input_path"].endswith("step_000020/policy/weights")
+    assert (args["hf_model_name"], args["hf_tokenizer_path"]) == ("Qwen/Qwen3-4B-Instruct-2507", "tok")
