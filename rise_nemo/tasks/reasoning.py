@@ -255,8 +255,9 @@ def step_prefixes(problem: ReasoningProblem) -> list[str]:
 # Mapping onto ExpRL's 1-5 scale, from the reference's checkable intermediate results only (the judge reads
 # the reference text, never the Chain): with the reference's L steps r_1..r_L (label, operation, result),
 #   outcome / prefix   5  when the attempt writes exactly the L reference steps and the reference's answer;
-#                      else 1 + floor(3 m / L), m = positions i <= L whose written step equals r_i (so 1..4:
-#                      4 = every step right but the answer missing or wrong).
+#                      else 1 + ceil(3 m / L), m = positions i <= L whose written step equals r_i (so 1..4:
+#                      1 = no reference result reached, 2 = at least one, 4 = every step right but the answer
+#                      missing or wrong). Ceil, not floor: one correct result is already "a relevant idea".
 #   one segment alone  the segment's items (its steps, found by their labels, and an ``answer``) compared
 #                      with the reference's: 1 + round(4 c / items) for c correct items; 1 with no item.
 
@@ -275,7 +276,7 @@ def reference_score(reference: str, response: str) -> int:
     matched = sum(1 for i, step in enumerate(got[: len(ref)]) if step == ref[i])
     if matched == len(ref) and len(got) == len(ref) and final_answer(response) == final_answer(reference):
         return 5
-    return 1 + (3 * matched) // len(ref)
+    return 1 + -(-3 * matched // len(ref))  # 1 + ceil(3 m / L)
 
 
 def reference_segment_scores(reference: str, segments: Sequence[str], view: str = "segment") -> list[int]:

@@ -4,6 +4,8 @@ grader server): one call per rollout in process mode, unknowns, and what the jud
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from rise_nemo.judges.client import VerdictParseError
@@ -96,7 +98,8 @@ def test_rule_mapping_on_the_reference_intermediate_results(problems):
     assert reference_score(ref, steps) == 4  # every step, no answer
     assert reference_score(ref, answer_only) == 1
     n = p.difficulty
-    assert reference_score(ref, wrong) == 1 + 3 * (n - 1) // n  # first result wrong, the rest match
+    assert reference_score(ref, wrong) == 1 + math.ceil(3 * (n - 1) / n)  # first result wrong, the rest match
+    assert reference_score(ref, ref.split(" step b")[0]) == 2  # one reference result reached of n >= 3
     segs = ref.replace(" step", "\nstep").splitlines()
     assert reference_segment_scores(ref, segs, "segment") == [5] * n
     prefix = reference_segment_scores(ref, segs, "prefix")
