@@ -191,6 +191,18 @@ def run_pipeline(pipeline: Pipeline, overrides: Sequence[str] = (), stop_after: 
 
 
 def _write_index(pipeline: Pipeline) -> None:
-    index = {"pipeline": pipeline.name, "stages": [{"name": s.name, "recipe": s.recipe.name, "init": s.init,
-                                                    "dir": str(pipeline.stage_dir(s))} for s in pipeline.stages]}
+    index = {"pipeline": pipeline.name, "stages": [{"name": s.name, "recipe": s.recipe.name, "init": s.init}
+                                                   for s in pipeline.stages]}
     (pipeline.dir / "pipeline.json").write_text(json.dumps(index, indent=1))
+
+
+def expand_pipeline_dirs(run_dirs: Sequence[str | Path]) -> list[str]:
+    """Run directories with every pipeline directory (one holding ``pipeline.json``) replaced by its stages'."""
+    out: list[str] = []
+    for d in run_dirs:
+        index = Path(d) / "pipeline.json"
+        if index.is_file():
+            out.extend(str(Path(d) / s["name"]) for s in json.loads(index.read_text())["stages"])
+        else:
+            out.append(str(d))
+    return out

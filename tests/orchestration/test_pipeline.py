@@ -52,6 +52,8 @@ def test_stage_two_starts_from_stage_one_final_weights_and_the_report_covers_bot
     report = (root / "report" / "report.md").read_text()
     assert "stage1" in report and "stage2" in report
     assert json.loads((root / "pipeline.json").read_text())["stages"][1]["init"] == "previous"
+    assert main(["report", str(root), "--out", str(root / "again")]) == 0  # a pipeline dir = its stages
+    assert "stage2" in (root / "again" / "report.md").read_text()
 
 
 def test_stage_two_init_loads_exactly_stage_one_final_checkpoint(pipeline_file, monkeypatch):
