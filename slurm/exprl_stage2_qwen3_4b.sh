@@ -10,7 +10,7 @@
 #SBATCH --open-mode=append
 #SBATCH --output=slurm-%x-%j.out
 # ExpRL Stage II on Qwen3-4B-Instruct-2507 (recipes/exprl_stage2_qwen3_4b.yaml): sparse GRPO from Stage I's
-# final policy (EXPRL_STAGE1_MODEL, a Hugging Face checkpoint; slurm/exprl_pipeline_qwen3_4b.sh converts it).
+# final policy (EXPRL_STAGE1_MODEL, a Hugging Face checkpoint; slurm/pipelines/exprl_qwen3_4b.sh converts it).
 #   CONTAINER=/path/nemo-rl.sqsh sbatch slurm/exprl_stage2_qwen3_4b.sh
 set -a  # export every setting below to slurm/launch.sh
 RISE_RECIPE=${RISE_RECIPE:-recipes/exprl_stage2_qwen3_4b.yaml}

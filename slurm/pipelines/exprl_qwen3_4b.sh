@@ -1,6 +1,6 @@
 #!/bin/bash
 # ExpRL's two stages on NeMo-RL as two dependent Slurm jobs (docs/DESIGN.md §8); run it on the login node:
-#   CONTAINER=/path/nemo-rl.sqsh bash slurm/exprl_pipeline_qwen3_4b.sh
+#   CONTAINER=/path/nemo-rl.sqsh bash slurm/pipelines/exprl_qwen3_4b.sh
 # 1. Stage I  (2 nodes: training + judge): EXPRL_STAGE1 = exprl_outcome_qwen3_4b (default) or exprl_process_qwen3_4b,
 #    run directory $EXPRL_PIPELINE_DIR/stage1 (requeues resume it there).
 # 2. Stage II (1 node, starts after Stage I succeeded): exports Stage I's final checkpoint to a Hugging Face model
@@ -8,7 +8,7 @@
 #    (recipes/exprl_stage2_qwen3_4b.yaml) from it in $EXPRL_PIPELINE_DIR/stage2 (requeues resume it there).
 # RISE_DRY_RUN=1 prints the two sbatch commands without submitting.
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # slurm/
 STAGE1=${EXPRL_STAGE1:-exprl_outcome_qwen3_4b}
 ROOT=${EXPRL_PIPELINE_DIR:-$PWD/runs/exprl_pipeline_qwen3_4b}
 [[ $ROOT == /* ]] || ROOT=$PWD/$ROOT
