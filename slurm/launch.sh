@@ -14,6 +14,10 @@
 # Preemption / time limit: the sbatch scripts ask for `--signal=B:USR1@<s>`; the batch shell (this
 # script) forwards USR1 to the driver, which writes a checkpoint and exits 0; the launcher then
 # requeues the job (RISE_AUTO_REQUEUE=1) and the next attempt resumes from the same run directory.
+# Requeue / preemption / scancel: Slurm sends SIGTERM to every step on every node at once; each srun
+# client turns it into SIGKILL for its step, so servers and Ray are gone within a second while the
+# driver (host mode: in the batch step) has KillWait seconds. The driver abandons a step that needs
+# the dead servers and checkpoints the last complete one (rise_nemo/stopping.py).
 #
 # Before anything starts, a NeMo-RL recipe's layout is checked with `rise-nemo plan` for this allocation
 # (nodes, GPUS_PER_NODE, the key=value overrides); a layout it rejects ends the job with exit 2
@@ -492,7 +496,7 @@ forward_usr1() {
 # so it is only logged here: forwarding it again would signal the driver twice.
 # shellcheck disable=SC2317  # invoked by `trap`
 note_term() {
-  log "received TERM: the driver gets it from Slurm and checkpoints; waiting for it"
+  log "received TERM: Slurm stops every step (servers and Ray too); the driver checkpoints its last complete step within KillWait; waiting for it"
 }
 
 driver_command() {

@@ -9,6 +9,9 @@ What it guarantees to the judge above it:
   HTTP 5xx and 429 (honouring ``Retry-After``) and on replies that fail strict parsing;
 - a per-run cap on failed attempts: past it the client raises ``JudgeFailureCapExceeded`` instead of
   letting a dead judge turn a whole run into unknown verdicts;
+- no retries once the run was asked to stop (rise_nemo.stopping): a failed attempt, or a stop arriving
+  during a backoff, raises ``JudgeInterrupted`` at once. On a Slurm requeue or preemption the judge
+  servers are killed together with the job, and retrying them would outlast the driver's KillWait;
 - structured outputs: ``response_format`` json_schema is sent while an endpoint accepts it; an
   endpoint that rejects it (HTTP 400/422) is switched to free text + strict parsing for the rest of
   the run;
@@ -31,6 +34,7 @@ from typing import Any, Literal, TypeVar
 import aiohttp
 
 from rise_nemo.judges.grading import VerdictParseError, response_format
+from rise_nemo.stopping import STOP_REQUESTED, StopInterrupted
 
 log = logging.getLogger("rise_nemo.judges")
 T = TypeVar("T")
@@ -43,6 +47,10 @@ class JudgeError(RuntimeError):
 
 class JudgeFailureCapExceeded(JudgeError):
     """More failed judge calls in this run than ``judge.max_failures`` allows."""
+
+
+class JudgeInterrupted(JudgeError, StopInterrupted):
+    """The run was asked to stop and a judge call failed: not retried (the servers stop with the job)."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +215,10 @@ class ChatClient:
                 else:
                     ep.down_until = 0.0
                     return value
+            if STOP_REQUESTED.is_set() and result.kind not in ("fatal", "bad_request"):  # would be retried
+                raise JudgeInterrupted(self.redact(
+                    f"stop requested and a judge call failed ({ep.base_url}: {result.kind}: {result.reason}): "
+                    "not retrying"))
             self._record_failure(ep, result)
             if result.kind == "fatal":
                 raise JudgeError(self.redact(f"judge endpoint {ep.base_url}: {result.reason}"))
@@ -215,10 +227,21 @@ class ChatClient:
             avoid = ep if len(self.endpoints) > 1 else None
             if attempt < self.retry.max_attempts:
                 self.counters.retries += 1
-                await asyncio.sleep(self.retry.delay(attempt, self._rng, result.retry_after))
+                await self._backoff(self.retry.delay(attempt, self._rng, result.retry_after))
         self.counters.gave_up += 1
         log.debug("judge request gave up after %d attempts; last failure: %s", attempt, self._last_failure)
         return None
+
+    async def _backoff(self, delay: float) -> None:
+        """Sleeps ``delay`` s before a retry; raises ``JudgeInterrupted`` as soon as a stop is requested."""
+        end = time.monotonic() + delay
+        while not STOP_REQUESTED.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, 0.2))
+        raise JudgeInterrupted(f"stop requested while waiting to retry a failed judge call ({self._last_failure}): "
+                               "not retrying")
 
     def _body(self, messages: list[dict], max_tokens: int, schema_name: str | None, schema: dict) -> dict:
         body: dict[str, Any] = {

@@ -19,6 +19,7 @@ checkpoint never leaves repeated steps. On CPU a resumed run reproduces the unin
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_t
 from rise_nemo.orchestration.rundir import RunDirLock, write_config
 from rise_nemo.orchestration.signals import StopFlag
 from rise_nemo.orchestration.step import MethodSpec, StepContext, train_step
+from rise_nemo.stopping import StopInterrupted
 
 log = logging.getLogger("rise_nemo.train")
 
@@ -129,6 +131,7 @@ class Trainer:
         self.step = 0
         self.stop_after = stop_after
         self.stopped_by: str | None = None
+        self._pending_eval = False  # resumed from a checkpoint whose evaluation a stop interrupted
         self._sinks: list[Any] = []
 
     # ------------------------------------------------------------------------------------------------------
@@ -148,19 +151,27 @@ class Trainer:
                 log.info("config change from step %d: %s: %r -> %r", self.step + 1, key, old, new)
             self._open_sinks()
             with StopFlag() as stop, self._progress() as bar:
-                if self.step == 0 and self.cfg.eval.at_start and self.eval_prompts:
-                    self.run_eval(0)
-                while self.step < self.steps and not stop.requested:
-                    self.step += 1
-                    metrics = self._train_step(self.ctx, self.sampler.next_batch(), self.step)
-                    self._log_metrics(metrics, bar)
-                    if self.stop_after is not None and self.step >= self.stop_after and not stop.requested:
-                        stop.requested = f"stop_after={self.stop_after}"
-                    if self._eval_due(self.step):
-                        self.run_eval(self.step)
-                    if self._checkpoint_due(self.step) or stop.requested:
-                        self.save()
-                if stop.requested and self.step < self.steps:
+                # A stop that makes a needed server fail (StopInterrupted, rise_nemo/stopping.py) ends the
+                # loop at once; the checkpoint then holds the state from before the interrupted work.
+                interrupted = False
+                try:
+                    if self._pending_eval:  # the previous attempt was stopped during this evaluation
+                        self._interruptible_eval(self.step)
+                    elif self.step == 0 and self.cfg.eval.at_start and self.eval_prompts:
+                        self.run_eval(0)
+                    while self.step < self.steps and not stop.requested:
+                        self._interruptible_step(bar)
+                        if self.stop_after is not None and self.step >= self.stop_after and not stop.requested:
+                            stop.request(f"stop_after={self.stop_after}")
+                        if self._eval_due(self.step):
+                            self._interruptible_eval(self.step)
+                        if self._checkpoint_due(self.step) or stop.requested:
+                            self.save()
+                except StopInterrupted:
+                    if not stop.requested:
+                        raise
+                    interrupted = True
+                if stop.requested and (self.step < self.steps or interrupted):
                     self.stopped_by = stop.requested
                     if self.step == 0:  # stopped during the initial evaluation: nothing trained, nothing to save
                         log.info("received %s before the first step; exiting 0 without a checkpoint", stop.requested)
@@ -176,6 +187,49 @@ class Trainer:
             logging.getLogger("rise_nemo").removeHandler(handler)
             handler.close()
             lock.release()
+
+    def _interruptible_step(self, bar: Any) -> None:
+        """One training step. If a stop request makes a server it needs fail (StopInterrupted: on a Slurm
+        requeue or preemption the judge servers are killed with the job), the step is abandoned and the
+        state from before it is checkpointed: every server call of a step comes before its policy update
+        (step.py), so the policy still is the previous step's. Re-raises for ``run`` to stop."""
+        before = self._resume_state()
+        self.step += 1
+        try:
+            metrics = self._train_step(self.ctx, self.sampler.next_batch(), self.step)
+        except StopInterrupted as exc:
+            self.step -= 1
+            log.warning("step %d abandoned: %s", self.step + 1, exc)
+            self._save_state(before)
+            raise
+        self._log_metrics(metrics, bar)
+
+    def _interruptible_eval(self, step: int) -> None:
+        """``run_eval``; when a stop interrupts it (as above), the checkpoint of ``step`` holds the state
+        from before the evaluation and marks it pending, so the resumed run evaluates first, with the same
+        random state as an uninterrupted run."""
+        before = self._resume_state(pending_eval=True)
+        try:
+            self.run_eval(step)
+        except StopInterrupted as exc:
+            log.warning("evaluation at step %d interrupted, pending for the resumed run: %s", step, exc)
+            self._save_state(before)
+            raise
+        self._pending_eval = False
+
+    def _resume_state(self, pending_eval: bool = False) -> dict[str, Any]:
+        """A copy of the trainer state now (the live objects keep changing during the step)."""
+        return copy.deepcopy({**self.trainer_state(), "pending_eval": pending_eval})
+
+    def _save_state(self, state: dict[str, Any]) -> None:
+        """Checkpoints the current policy with ``state`` unless nothing was trained yet or that checkpoint
+        exists already (``train.checkpoint_every`` wrote it)."""
+        step = int(state["step"])
+        latest = ckpt.latest_checkpoint(self.run_dir)
+        if (step == 0 and not state["pending_eval"]) or (
+                not state["pending_eval"] and latest is not None and latest.name == ckpt.step_dir_name(step)):
+            return
+        self.save(state)
 
     # ------------------------------------------------------------------------------------------------------
     # Checkpoints
@@ -197,10 +251,12 @@ class Trainer:
             "method": str(self.cfg.method),
         }
 
-    def save(self) -> Path:
-        path = ckpt.save_checkpoint(self.run_dir, self.step, self.policy, self.trainer_state(), critic=self.critic)
+    def save(self, state: dict[str, Any] | None = None) -> Path:
+        """Checkpoints the current policy with ``state`` (default: the trainer state now)."""
+        state = self.trainer_state() if state is None else state
+        path = ckpt.save_checkpoint(self.run_dir, int(state["step"]), self.policy, state, critic=self.critic)
         ckpt.prune_checkpoints(self.run_dir, int(self.cfg.train.keep_checkpoints))
-        log.info("checkpoint step %d -> %s", self.step, path)
+        log.info("checkpoint step %d -> %s", state["step"], path)
         return path
 
     def resume(self) -> int:
@@ -214,6 +270,7 @@ class Trainer:
         if state.get("method") not in (None, str(self.cfg.method)):
             raise RuntimeError(f"{path}: checkpoint of method {state['method']!r}, recipe says {self.cfg.method!r}")
         self.step = int(state["step"])
+        self._pending_eval = bool(state.get("pending_eval", False))
         rng = state["rng"]
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])

@@ -18,8 +18,10 @@ from judge_testlib import MODES, SECRET, expected, make_judge, small_requests
 from rise_nemo.core.rubric import Rubric
 from rise_nemo.interfaces import JudgeRequest
 from rise_nemo.judges import grading
+from rise_nemo.judges.client import JudgeInterrupted
 from rise_nemo.judges.http import JudgeError, JudgeFailureCapExceeded, build_http_judge
 from rise_nemo.judges.rule_server import RuleGraderServer
+from rise_nemo.stopping import STOP_REQUESTED, StopInterrupted
 
 # --------------------------------------------------------------------------------------------------
 # Correctness in both modes
@@ -207,6 +209,48 @@ def test_kill_and_restart_mid_batch(healthbench_requests):
     assert 0 < calls_before_kill < sum(len(r.rubric) for r in reqs)
     assert out["got"] == expected(reqs)  # completed, nothing unknown, nothing corrupted
     assert stats.extra["connection_errors"] > 0 and stats.unknown_verdicts == 0
+
+
+@pytest.fixture
+def stop_event():
+    """rise_nemo.stopping.STOP_REQUESTED, cleared again after the test (it is process-wide)."""
+    STOP_REQUESTED.clear()
+    yield STOP_REQUESTED
+    STOP_REQUESTED.clear()
+
+
+def test_after_a_stop_request_a_failed_call_is_not_retried(stop_event):
+    """The job is ending (Slurm killed the servers with it): the first failure ends the batch at once
+    instead of 12 attempts with up to 30 s of backoff each."""
+    dead = f"http://127.0.0.1:{_free_port()}/v1"
+    with make_judge(dead, "per_criterion", max_attempts=12, backoff_base_s=5.0, backoff_max_s=30.0) as judge:
+        stop_event.set()
+        with pytest.raises(JudgeInterrupted, match=r"stop requested and a judge call failed .*: connection: ") as info:
+            judge.judge(small_requests())
+        stats = judge.stats
+    assert isinstance(info.value, StopInterrupted) and isinstance(info.value, JudgeError)
+    assert stats.extra["retries"] == 0 and stats.calls <= 16  # one try per call in flight, none after
+
+
+def test_a_stop_during_the_backoff_ends_the_wait(stop_event):
+    dead = f"http://127.0.0.1:{_free_port()}/v1"
+    with make_judge(dead, "batched", max_attempts=6, backoff_base_s=20.0, backoff_max_s=30.0) as judge:
+        threading.Timer(0.5, stop_event.set).start()  # the signal arrives while every call waits to retry
+        started = time.monotonic()
+        with pytest.raises(JudgeInterrupted, match=r"stop requested while waiting to retry a failed judge call"):
+            judge.judge(small_requests())
+        assert time.monotonic() - started < 10.0  # the first backoff alone is 10-20 s (20 s x jitter 0.5-1)
+        assert judge.stats.extra["retries"] > 0
+
+
+def test_after_a_stop_request_calls_that_succeed_still_count(server, stop_event):
+    """SIGUSR1 ahead of the time limit, or servers outside the job: calls that succeed finish the step."""
+    stop_event.set()
+    server.grader.script.append("500")  # ... but a failure is not retried once stopping
+    with make_judge(server.url, "batched", max_concurrency=1) as judge:
+        with pytest.raises(JudgeInterrupted):
+            judge.judge(small_requests())
+        assert judge.judge(small_requests()) == expected(small_requests())
 
 
 # --------------------------------------------------------------------------------------------------

@@ -121,14 +121,11 @@ def test_three_nodes_ray_across_two_and_the_judge_server_on_the_third(netns_slur
     assert_nothing_left(cluster)
 
 
-# KNOWN DEFECT (issue 15 open): in a fresh-clone CI run the first attempt's driver died at `scontrol requeue`
-# without its SIGTERM handler writing a checkpoint (train.log has no "received SIGTERM"), so the requeued
-# attempt started from step 0; the single-node requeue test (test_slurm_train.py) passes. Skipped by default
-# until that is fixed; RISE_TEST_MULTINODE_REQUEUE=1 runs it.
-@pytest.mark.skipif(os.environ.get("RISE_TEST_MULTINODE_REQUEUE") != "1",
-                    reason="known defect: the 3-node requeue loses the first attempt's SIGTERM checkpoint "
-                           "(issue 15); set RISE_TEST_MULTINODE_REQUEUE=1 to run")
 def test_requeue_on_three_nodes_resumes_from_the_checkpoint_with_every_step_once(netns_slurm, tmp_path):
+    """The requeue's SIGTERM reaches every step on every node at once: srun SIGKILLs the judge server on
+    node 3 and the Ray steps, while the driver (in the batch step on node 1) has KillWait (30 s) left. The
+    step it is in needs the judge, so it is abandoned at the first failed call and the last complete step
+    is checkpointed (rise_nemo/stopping.py); retrying the dead server ran into the SIGKILL before."""
     cluster = netns_slurm
     job_id, run_dir = submit_three_nodes(cluster, tmp_path)
     wait_for_steps(cluster, job_id, run_dir, 2, timeout=FIRST_STEP_S)
@@ -142,6 +139,11 @@ def test_requeue_on_three_nodes_resumes_from_the_checkpoint_with_every_step_once
     # Both attempts built the whole layout again: Ray on nodes 1-2 (the first attempt's Ray was gone, or
     # the new head could not have bound its ports) and the judge on node 3.
     assert "attempt SLURM_RESTART_COUNT=1" in launcher
+    # The first attempt ended cleanly within KillWait: the driver exited 0 after the TERM, not SIGKILLed.
+    first = launcher[:launcher.index("attempt SLURM_RESTART_COUNT=1")]
+    assert "received TERM" in first and "driver exited with code 0" in first, launcher
+    train_log = (run_dir / "train.log").read_text()
+    assert "abandoned: stop requested and a judge call failed" in train_log, logs
     assert launcher.count("Ray nodes alive: 2/2 ") == 2 and launcher.count("all 1 server(s) healthy") == 2, launcher
     assert_every_verdict_known(run_dir, logs)
     assert_nothing_left(cluster)
