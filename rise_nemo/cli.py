@@ -23,6 +23,8 @@ COMMANDS: dict[str, str] = {
     "demo": "rise_nemo.commands.demo",
     "plan": "rise_nemo.commands.plan",
     "distill": "rise_nemo.commands.distill",
+    "pipeline": "rise_nemo.commands.pipeline",
+    "export": "rise_nemo.commands.export",
 }
 
 

@@ -7,7 +7,8 @@ Families (one step module each, docs/DESIGN.md §7):
   rubric        rubric-judged GRPO family (rise_nemo.orchestration.step): rise, rubric_rl, uniform, coupled,
                 ruscarl
   reasoning     verifier-rewarded reasoning family (rise_nemo.orchestration.reasoning_step): ppo (critic + GAE),
-                grpo (sparse 0/1 reward, group advantages); RRL and ExpRL join this family
+                grpo (sparse 0/1 reward, group advantages); ExpRL's Stage I methods exprl_outcome / exprl_process
+                and its baselines sft / self_distillation (docs/DESIGN.md §8); RRL joins this family
   distillation  on-policy distillation, which runs on NeMo-RL's distillation entry point (opd)
 """
 
@@ -29,6 +30,9 @@ class Method:
     ruscarl: bool = False  # rubric: natural rollouts under RuscaRL scaffolds
     token_weighting: str = "policy_support"  # rubric: guide-loss token weights (eqs. 9-10) or "uniform"
     critic: bool = False  # reasoning: train a value model and use GAE advantages
+    # reasoning: what scores a rollout (rise_nemo.orchestration.exprl): verifier (0/1), reference_outcome /
+    # reference_process (ExpRL's reference judge), self_distillation (reference-in-context teacher), sft
+    reward: str = "verifier"
     # Recipe keys this method sets unless the recipe sets them itself (dotted key -> value).
     defaults: dict[str, Any] = field(default_factory=dict)
 
@@ -36,6 +40,11 @@ class Method:
 # The paper settings of PPO-family reasoning methods (RRL's paper, docs/DESIGN.md §7): token KL 0.001,
 # temperature 0.8, top-p 0.9.
 _PPO_DEFAULTS = {"grpo.kl_coef": 0.001, "grpo.temperature": 0.8, "grpo.top_p": 0.9}
+
+# ExpRL's Stage I scripts (docs/DESIGN.md §2c, §8): k3 KL loss 0.001, temperature 0.8, asymmetric clip
+# 0.2 / 0.28 (outcome) and 0.2 / 0.26 (process).
+_EXPRL_DEFAULTS = {"grpo.kl_coef": 0.001, "grpo.temperature": 0.8, "grpo.top_p": 1.0, "grpo.clip_low": 0.2,
+                   "grpo.clip_high": 0.28}
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("rise", "rubric", "GRPO + decoupled guide loss on retained privileged rollouts (RISE-RL eq. 12)",
@@ -51,6 +60,15 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            defaults=dict(_PPO_DEFAULTS)),
     Method("grpo", "reasoning", "GRPO on a sparse 0/1 verifier reward (group advantages)",
            defaults={"grpo.temperature": 0.8, "grpo.top_p": 0.9}),
+    Method("exprl_outcome", "reasoning", "ExpRL-Outcome: GRPO on a reference judge's normalised 1-5 score",
+           reward="reference_outcome", defaults=dict(_EXPRL_DEFAULTS)),
+    Method("exprl_process", "reasoning", "ExpRL-Process: per-segment reference scores, A_1 = s_1 - s_T, "
+           "A_t = s_t - s_(t-1) per token, no group normalisation", reward="reference_process",
+           defaults={**_EXPRL_DEFAULTS, "grpo.clip_high": 0.26}),
+    Method("self_distillation", "reasoning", "on-policy self-distillation: the policy with the reference in "
+           "context is the teacher on the student's own samples", reward="self_distillation",
+           defaults=dict(_EXPRL_DEFAULTS)),
+    Method("sft", "reasoning", "supervised fine-tuning on the reference solutions (no sampling)", reward="sft"),
 )}
 METHOD_NAMES: tuple[str, ...] = tuple(METHODS)
 

@@ -128,6 +128,18 @@ class PpoCfg:
 
 
 @dataclass
+class ExprlCfg:
+    """ExpRL's reference judge and segmentation (rise_nemo.orchestration.exprl, docs/DESIGN.md §8). The judge
+    itself is the ``judge:`` block: type rule (the embedded task's rule judge) or http (an LLM over the
+    HTTP judge stack)."""
+
+    normalisation: Literal["smooth", "extremes"] = "smooth"  # core.exprl.normalise_score
+    segment_marker: str = "###"  # ExpRL-Process cuts rollouts at this marker (the embedded task: "step")
+    segment_view: Literal["segment", "prefix"] = "segment"  # judge each segment alone (ExpRL's code) or the prefix
+    teacher_intro: str = "Reference solution:"  # self_distillation: text before the reference in the teacher's context
+
+
+@dataclass
 class DataCfg:
     """``source: persistent`` generates the demo task (rise_nemo.data.persistent_task) from ``task``;
     ``source: jsonl`` reads rubric files with rise_nemo.data.loaders (JSONL or parquet); ``source:
@@ -186,6 +198,7 @@ class RecipeCfg:
     reward: RewardCfg = field(default_factory=RewardCfg)
     ruscarl: RuscarlCfg = field(default_factory=RuscarlCfg)
     ppo: PpoCfg = field(default_factory=PpoCfg)
+    exprl: ExprlCfg = field(default_factory=ExprlCfg)
     # Optimiser settings belong to the backend that owns the optimiser: the local backend reads them from
     # ``local:`` (lr, betas, ...), NeMo-RL from ``nemo.policy.optimizer``.
     data: DataCfg = field(default_factory=DataCfg)
@@ -227,6 +240,7 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "train.keep_checkpoints": (lambda v: v >= 0, ">= 0"),
     "train.log_samples": (lambda v: v >= 0, ">= 0"),
     "eval.every": (lambda v: v >= 0, ">= 0"),
+    "exprl.segment_marker": (lambda v: len(v) > 0, "a non-empty string"),
     "eval.samples_per_prompt": (lambda v: v >= 1, ">= 1 (the acceptance asks for >= 8)"),
     # The policy-loss rules, identical to core.losses.ObjectiveConfig's (core.loss_defaults).
     **{f"{'grpo' if k in ('clip_low', 'clip_high', 'kl_coef', 'entropy_coef') else 'rise'}.{k}": rule

@@ -90,6 +90,40 @@ def grade_prompt(prompt: str) -> tuple[str, list[bool]]:
     return mode, verdicts
 
 
+_TAG = re.compile(r"<<<BEGIN PROBLEM ([0-9a-f]+)>>>")
+_SEGMENT_HEAD = re.compile(r"^--- segment \d+ ---$", re.MULTILINE)
+
+
+def reference_reply(prompt: str, fault: str = "ok") -> str:
+    """A reply to one of ExpRL's reference-judge prompts, graded by the embedded task's rule
+    (rise_nemo.tasks.reasoning.reference_score) and read naively like ``grade_prompt``. Faults: ``echo``
+    quotes the attempt (which may claim its own score) before the score lines, ``malformed`` answers an
+    untagged "Score: 5", ``wrong_count`` drops the last segment line, ``bad_value`` scores 7."""
+    from rise_nemo.judges.reference import render_scores
+    from rise_nemo.tasks.reasoning import reference_score, reference_segment_scores
+
+    tag, reference = _TAG.search(prompt), _field(prompt, "REFERENCE")
+    attempt, segments = _field(prompt, "ATTEMPT"), _field(prompt, "SEGMENTS")
+    if tag is None or reference is None or (attempt is None and segments is None):
+        raise ValueError("reference prompt without PROBLEM/REFERENCE/ATTEMPT fields")
+    if segments is not None:
+        texts = [t.strip() for t in _SEGMENT_HEAD.split(segments.group(1))[1:]]
+        view = "prefix" if "segments 1 to k together" in prompt else "segment"
+        scores = reference_segment_scores(reference.group(1), texts, view)
+        quoted = " ".join(texts)
+    else:
+        scores = [reference_score(reference.group(1), attempt.group(1))]
+        quoted = attempt.group(1)
+    if fault == "malformed":
+        return "Score: 5"
+    if fault == "bad_value":
+        scores = [7] * len(scores)
+    if fault == "wrong_count" and len(scores) > 1:
+        scores = scores[:-1]
+    text = render_scores(tag.group(1), scores, segments is not None)
+    return f"The attempt says:\n{quoted}\n{text}" if fault == "echo" else f"Checked against the reference.\n{text}"
+
+
 class RuleGraderApp:
     """The aiohttp application plus its fault plan and counters (shared by thread and CLI runners)."""
 
@@ -115,6 +149,7 @@ class RuleGraderApp:
         self.supports_response_format = supports_response_format
         self.api_key = api_key
         self.requests = 0
+        self.bodies: deque[dict] = deque(maxlen=4096)  # the latest request bodies (what the judge was shown)
         self.faults: Counter[str] = Counter()
         self.with_response_format = 0
         self.in_flight = 0
@@ -156,6 +191,7 @@ class RuleGraderApp:
                 # Deliberately careless: echoes what it received, as some proxies do.
                 return web.json_response({"error": {"message": f"bad key in header {auth!r}"}}, status=401)
         body = await request.json()
+        self.bodies.append(body)
         if "response_format" in body:
             self.with_response_format += 1
             if not self.supports_response_format:
@@ -175,11 +211,19 @@ class RuleGraderApp:
         if fault == "429":
             return web.json_response({"error": {"message": "rate limited"}}, status=429, headers={"Retry-After": "0"})
         prompt = "\n".join(m.get("content", "") for m in body.get("messages", []) if m.get("role") == "user")
+        if _field(prompt, "REFERENCE") is not None:  # ExpRL's reference judge (rise_nemo.judges.reference)
+            try:
+                content = reference_reply(prompt, fault)
+            except ValueError as exc:
+                return web.json_response({"error": {"message": str(exc)}}, status=400)
+            return self._reply(body, content)
         try:
             mode, verdicts = grade_prompt(prompt)
         except ValueError as exc:
             return web.json_response({"error": {"message": str(exc)}}, status=400)
-        content = self._render(mode, verdicts, fault, prompt)
+        return self._reply(body, self._render(mode, verdicts, fault, prompt))
+
+    def _reply(self, body: dict, content: str) -> web.Response:
         return web.json_response({
             "id": f"chatcmpl-{self.requests}",
             "object": "chat.completion",

@@ -38,12 +38,24 @@ def chain_task(cfg: Any):
 
 
 def reasoning_tools(cfg: Any) -> tuple[Any, Any]:
-    """(verifier, step_accuracy checker or None) for the recipe's reasoning data source."""
+    """(verifier, step_accuracy checker or None) for the recipe's reasoning data source: the embedded task's
+    rule verifier, or math-verify (``MathVerifier``) for reasoning files (``data.source: jsonl`` of a reasoning
+    method: formats math, gsm8k, reasoning)."""
     if cfg.data.source == "chain_arithmetic":
         from rise_nemo.tasks.reasoning import RuleArithmeticVerifier, step_accuracy
 
         return RuleArithmeticVerifier(), step_accuracy
+    if cfg.data.source == "jsonl" and _reasoning_method(cfg):
+        from rise_nemo.judges.verifiers import MathVerifier
+
+        return MathVerifier(), None
     raise ValueError(f"config key 'data.source': {cfg.data.source!r} has no verifier for method {cfg.method!r}")
+
+
+def _reasoning_method(cfg: Any) -> bool:
+    from rise_nemo.methods import get_method
+
+    return get_method(str(cfg.method)).family == "reasoning"
 
 
 def warm_start_policy(cfg: Any, policy: Any, generator: Any, progress: bool = True) -> Any:
@@ -90,6 +102,14 @@ def load_prompts(cfg: Any) -> tuple[list[RubricPrompt], list[RubricPrompt]]:
     elif cfg.data.source == "chain_arithmetic":
         task = chain_task(cfg)
         train, held_out = list(task.train), list(task.heldout)
+    elif cfg.data.source == "jsonl" and _reasoning_method(cfg):  # verifiable problems with references
+        if not cfg.data.train_path:
+            raise ValueError("config key 'data.train_path' is required when data.source is jsonl")
+        from rise_nemo.data.reasoning import load_reasoning_problems
+
+        fmt, skip = str(cfg.data.format), bool(cfg.data.skip_invalid)
+        train = load_reasoning_problems(cfg.data.train_path, fmt, skip).problems
+        held_out = load_reasoning_problems(cfg.data.eval_path, fmt, skip).problems if cfg.data.eval_path else []
     elif cfg.data.source == "jsonl":
         if not cfg.data.train_path:
             raise ValueError("config key 'data.train_path' is required when data.source is jsonl")

@@ -5,14 +5,17 @@
   ppo   G rollouts per problem, sparse verifier reward on the last token, critic values, GAE (core.value),
         clipped PG on per-token advantages, then the critic's clipped value loss
   grpo  G rollouts per problem, sparse 0/1 verifier reward, group advantages (eq. 1 of RISE-RL / GRPO)
+  exprl_outcome / exprl_process / self_distillation / sft   ExpRL's Stage I and its baselines
+        (rise_nemo.orchestration.exprl; docs/DESIGN.md §8): the reference judge's scores as group rewards or
+        per-segment token advantages, the reference-in-context teacher's token advantages, or SFT
 
 The seams RRL and ExpRL plug into without forking this step:
   start states   ``ReasoningContext.start_states(problems, step)`` gives per-problem response prefixes
                  (token ids) the rollouts continue (RRL's replay buffer); ``None`` = from scratch. Given
                  tokens are context only (token_mask 0) and GAE starts at the state (core.value.gae).
   scores         ``ReasoningContext.score`` turns (problems, rollouts) into rewards [N, G] and a valid mask
-                 (default: the verifier's 0/1; ExpRL: a reference judge's normalised score) and may return
-                 per-token rewards for segment advantages later.
+                 (default: the verifier's 0/1; ExpRL: a reference judge's normalised score), either as a
+                 tuple or as an ``exprl.StepScores`` that may carry per-token advantages (ExpRL-Process).
 Sampling, batch building and the policy loss are the RISE step's own stage functions
 (rise_nemo.orchestration.step): one piece of code where the logic is the same.
 """
@@ -32,6 +35,7 @@ from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.core.value import explained_variance, gae, make_value_loss, terminal_token_rewards, whiten
 from rise_nemo.interfaces import KIND_NATURAL, Critic, Generator, Policy, Rollout, Verifier
 from rise_nemo.methods import Method
+from rise_nemo.orchestration import exprl
 from rise_nemo.orchestration.samples import reasoning_sample_records
 from rise_nemo.orchestration.step import (
     STREAM_NATURAL,
@@ -65,20 +69,33 @@ class ReasoningContext:
     rng: random.Random = field(default_factory=random.Random)  # method-level choices (RRL replay); checkpointed
     samples_per_step: int = 0  # rollouts recorded in ``last_samples`` (samples.jsonl); 0 = none
     last_samples: list[dict[str, Any]] = field(default_factory=list)
+    reference_judge: Any = None  # ExpRL methods: rise_nemo.judges.reference (sees the hidden reference)
 
     def __post_init__(self) -> None:
         if self.method.critic and self.critic is None:
             raise ValueError(f"method {self.method.name!r} needs a critic (backend build_critic)")
+        if self.method.reward in (exprl.REWARD_OUTCOME, exprl.REWARD_PROCESS) and self.reference_judge is None:
+            raise ValueError(f"method {self.method.name!r} needs a reference judge (rise_nemo.judges.reference)")
 
     def score(self, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]]):
+        if self.method.reward in (exprl.REWARD_OUTCOME, exprl.REWARD_PROCESS):
+            return exprl.reference_scores(self, problems, groups)
         return verify_rewards(self.verifier, problems, groups)
+
+    def reference_judge_calls(self) -> int:
+        return int(getattr(self.reference_judge, "calls", 0))
 
 
 def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProblem], step: int) -> dict[str, Any]:
     t_start = time.perf_counter()
+    if ctx.method.reward == exprl.REWARD_SFT:
+        return sft_step(ctx, problems, step, t_start)
     prefixes = ctx.start_states(problems, step)  # None, or per-problem given response tokens (RRL)
     groups = sample_groups(ctx, problems, prefixes, step)  # [N][G]
-    rewards, valid = ctx.score(problems, groups)  # [N, G] each
+    scored = ctx.score(problems, groups)
+    if not isinstance(scored, exprl.StepScores):
+        scored = exprl.StepScores(*scored)
+    rewards, valid = scored.rewards, scored.valid  # [N, G] each
     t_sample = time.perf_counter()
 
     samples = [TrainSample(list(r.prompt_token_ids), list(r.response_token_ids), KIND_NATURAL, 0.0,
@@ -88,9 +105,17 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
     batch = build_batch(samples, ctx.pad_id)
     batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
     row_rewards = rewards[valid]  # [B], same order as the samples
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = dict(scored.metrics)
     if ctx.method.critic:
-        extra = add_gae_columns(ctx, batch, row_rewards)  # token_advantages, values, returns
+        extra.update(add_gae_columns(ctx, batch, row_rewards))  # token_advantages, values, returns
+    elif scored.token_advantages is not None:  # ExpRL-Process: segment advantages, no group normalisation
+        batch["token_advantages"] = place_token_advantages(batch, groups, valid, scored.token_advantages)
+        batch["advantages"] = torch.zeros(batch["token_mask"].shape[0])
+    elif ctx.method.reward == exprl.REWARD_SELF_DISTILLATION:
+        batch["token_advantages"] = exprl.self_distillation_advantages(ctx, problems, groups, valid, batch)
+        batch["advantages"] = torch.zeros(batch["token_mask"].shape[0])
+        mask = batch["token_mask"].bool()
+        extra["distill/reverse_kl"] = float(-batch["token_advantages"][mask].mean()) if bool(mask.any()) else None
     else:
         batch["advantages"] = group_advantages(rewards, eps=float(ctx.cfg.grpo.eps), valid=valid)[valid]  # [B]
     if ctx.samples_per_step:
@@ -103,6 +128,37 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
     t_train = time.perf_counter()
     return reasoning_metrics(step, groups, rewards, valid, batch, {**train_metrics, **extra},
                              times=(t_start, t_sample, t_train))
+
+
+def place_token_advantages(batch: dict[str, torch.Tensor], groups, valid: torch.Tensor,
+                           per_rollout: dict[tuple[int, int], torch.Tensor]) -> torch.Tensor:
+    """[B, T] from per-rollout advantages aligned with response tokens: row b = the b-th valid rollout (the
+    batch's order); its response starts after its prompt, so the row's response span is where
+    ``input_lengths - len(response)`` begins."""
+    out = torch.zeros_like(batch["token_mask"])
+    row = 0
+    for i, group in enumerate(groups):
+        for j in range(len(group)):
+            if not bool(valid[i, j]):
+                continue
+            adv = per_rollout[i, j]
+            end = int(batch["input_lengths"][row])
+            out[row, end - len(adv) : end] = adv
+            row += 1
+    return out * batch["token_mask"]
+
+
+def sft_step(ctx: ReasoningContext, problems: Sequence[ReasoningProblem], step: int, t_start: float) -> dict[str, Any]:
+    """The SFT baseline: one optimiser step of NLL on the problems' reference solutions (plain prompts)."""
+    from rise_nemo.tasks.sft import sft_loss
+
+    batch = exprl.sft_reference_batch(ctx, problems)
+    t_sample = time.perf_counter()
+    train_metrics = ctx.policy.train(batch, sft_loss)
+    t_train = time.perf_counter()
+    n = len(problems)
+    return reasoning_metrics(step, [[] for _ in problems], torch.zeros(n, 1), torch.zeros(n, 1, dtype=torch.bool),
+                             batch, train_metrics, times=(t_start, t_sample, t_train))
 
 
 def sample_groups(

@@ -46,10 +46,12 @@ def check_backend(cfg: Any) -> None:
             raise UserError(f"config block 'local': {exc}") from None
 
 
-def build_checked_judge(cfg: Any, probe: bool = True) -> Any:
-    """``build_judge`` with its config errors as one-line ``UserError``s; HTTP judges are probed."""
+def build_checked_judge(cfg: Any, probe: bool = True, reference: bool = False) -> Any:
+    """``build_judge`` with its config errors as one-line ``UserError``s; HTTP judges are probed.
+    ``reference``: ExpRL's reference judge (rise_nemo.judges.reference) from the same ``judge:`` block."""
     from rise_nemo.judges import build_judge
     from rise_nemo.judges.client import JudgeError
+    from rise_nemo.judges.reference import build_reference_judge
 
     judge_cfg = cfg.judge
     kind = judge_cfg.get("type") if isinstance(judge_cfg, Mapping) else None
@@ -66,7 +68,7 @@ def build_checked_judge(cfg: Any, probe: bool = True) -> Any:
                 from rise_nemo.judges.probe import probe_judge_urls
 
                 probe_judge_urls(judge_cfg)
-        return build_judge(judge_cfg)
+        return build_reference_judge(judge_cfg) if reference else build_judge(judge_cfg)
     except (ValueError, JudgeError) as exc:
         if isinstance(exc, UserError):
             raise
@@ -75,10 +77,12 @@ def build_checked_judge(cfg: Any, probe: bool = True) -> Any:
 
 
 def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int | None = None,
-                  allow_config_change: bool = False, env_sources: Mapping[str, str] | None = None) -> Trainer:
+                  allow_config_change: bool = False, env_sources: Mapping[str, str] | None = None,
+                  init_from: str | Path | None = None) -> Trainer:
     """Checks (module docstring), then prompts, judge, backend and warm start -> a Trainer holding the
     run directory's lock. ``env_sources`` (dotted key -> environment variable, from ``load_config``)
-    lets a missing data file name the variable that set its path."""
+    lets a missing data file name the variable that set its path. ``init_from``: a fresh run starts from
+    this checkpoint's policy weights instead of the warm start (a pipeline's next stage, pipeline.py)."""
     run_dir = Path(run_dir) if run_dir is not None else resolve_run_dir(cfg)
     if stop_after is not None and stop_after < 1:
         raise UserError(f"--stop-after must be >= 1, got {stop_after}")
@@ -91,15 +95,26 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
         method = get_method(str(cfg.method))
         train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
         check_backend(cfg)
-        # Reasoning methods score with a verifier; the rubric methods need the judge (checked and probed).
-        judge = None if method.family == "reasoning" else build_checked_judge(cfg)
+        # Reasoning methods score with a verifier (ExpRL's also with a reference judge); the rubric methods need
+        # the rubric judge. Both are checked (and HTTP judges probed) before any model is built.
+        if method.family != "reasoning":
+            judge = build_checked_judge(cfg)
+        elif method.reward in ("reference_outcome", "reference_process"):
+            judge = build_checked_judge(cfg, reference=True)
+        else:
+            judge = None
         from rise_nemo.backends import build_backend, build_critic
 
         # The checkpoint the Trainer resumes from (Trainer.resume: the latest); the nemo backend is built from it.
         latest = ckpt.latest_checkpoint(run_dir)
         policy, generator = build_backend(cfg, checkpoint=latest, train_prompts=train_prompts)
         if latest is None:
-            warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
+            if init_from is not None:
+                from rise_nemo.orchestration.pipeline import init_policy_from
+
+                init_policy_from(policy, Path(init_from))
+            else:
+                warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
         reasoning: dict[str, Any] = {}
         if method.family == "reasoning":
             verifier, step_accuracy = reasoning_tools(cfg)

@@ -114,10 +114,12 @@ class Trainer:
         if self.method.family == "reasoning":
             if verifier is None:
                 raise ValueError(f"method {self.method.name!r} needs a verifier")
+            # ExpRL methods: ``judge`` is the reference judge (rise_nemo.judges.reference); its counters go
+            # to metrics.jsonl like the rubric judge's.
             self.ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier,
                                         method=self.method, critic=critic, pad_id=_pad_id(generator),
                                         rng=random.Random(int(cfg.run.seed)),
-                                        samples_per_step=int(cfg.train.log_samples))
+                                        samples_per_step=int(cfg.train.log_samples), reference_judge=judge)
             self._train_step, self._progress_keys = reasoning_train_step, REASONING_PROGRESS_KEYS
         else:
             self.ctx = StepContext(

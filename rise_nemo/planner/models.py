@@ -9,6 +9,7 @@ counts are derived from the shape, not typed in: ``tests/planner`` checks them a
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,9 +90,11 @@ BUILT_IN: dict[str, ModelShape] = {**QWEN3, **QWEN25}
 
 
 def _table_key(name: str) -> str:
-    """'Qwen/Qwen3-14B' or 'Qwen3-14B-Base' -> 'qwen3-14b'."""
+    """'Qwen/Qwen3-14B', 'Qwen3-14B-Base' or 'Qwen/Qwen3-4B-Instruct-2507' (a dated release of the same
+    shape) -> 'qwen3-14b' / 'qwen3-4b'."""
     key = name.strip().lower().rsplit("/", 1)[-1]
-    for suffix in ("-base", "-instruct", "-fp8"):
+    key = re.sub(r"-\d{4}$", "", key)
+    for suffix in ("-fp8", "-base", "-instruct", "-thinking"):
         key = key.removesuffix(suffix)
     return key
 

@@ -250,6 +250,54 @@ def step_prefixes(problem: ReasoningProblem) -> list[str]:
     return [" ".join(parts[:i]) for i in range(len(parts))]
 
 
+# ---- the embedded reference judge (ExpRL, docs/DESIGN.md §8) ------------------------------------
+#
+# Mapping onto ExpRL's 1-5 scale, from the reference's checkable intermediate results only (the judge reads
+# the reference text, never the Chain): with the reference's L steps r_1..r_L (label, operation, result),
+#   outcome / prefix   5  when the attempt writes exactly the L reference steps and the reference's answer;
+#                      else 1 + ceil(3 m / L), m = positions i <= L whose written step equals r_i (so 1..4:
+#                      1 = no reference result reached, 2 = at least one, 4 = every step right but the answer
+#                      missing or wrong). Ceil, not floor: one correct result is already "a relevant idea".
+#   one segment alone  the segment's items (its steps, found by their labels, and an ``answer``) compared
+#                      with the reference's: 1 + round(4 c / items) for c correct items; 1 with no item.
+
+_LABELLED_STEP_RE = re.compile(r"\bstep\s+([a-l])\s+(add|sub)\s+(\d+)\s*=\s*(-?\d+)")
+
+
+def _written_steps(text: str) -> list[tuple[str, str, int, int]]:
+    return [(lab, op, int(k), int(v)) for lab, op, k, v in _LABELLED_STEP_RE.findall(text)]
+
+
+def reference_score(reference: str, response: str) -> int:
+    """The embedded judge's 1-5 score of a whole attempt (or a prefix of one) against the reference (above)."""
+    ref, got = _written_steps(reference), _written_steps(response)
+    if not ref:
+        raise ValueError(f"reference has no checkable step: {reference!r}")
+    matched = sum(1 for i, step in enumerate(got[: len(ref)]) if step == ref[i])
+    if matched == len(ref) and len(got) == len(ref) and final_answer(response) == final_answer(reference):
+        return 5
+    return 1 + -(-3 * matched // len(ref))  # 1 + ceil(3 m / L)
+
+
+def reference_segment_scores(reference: str, segments: Sequence[str], view: str = "segment") -> list[int]:
+    """One 1-5 score per segment: ``prefix`` scores segments 1..k together (``reference_score``),
+    ``segment`` scores each segment alone by its labelled steps and answer (above)."""
+    if view == "prefix":
+        return [reference_score(reference, " ".join(segments[: k + 1])) for k in range(len(segments))]
+    if view != "segment":
+        raise ValueError(f"segment view must be 'segment' or 'prefix', got {view!r}")
+    ref = {step[0]: step for step in _written_steps(reference)}
+    ref_answer = final_answer(reference)
+    out = []
+    for seg in segments:
+        items = [step == ref.get(step[0]) for step in _written_steps(seg)]
+        answers = _ANSWER_RE.findall(seg)
+        if answers:
+            items.append(answers[-1] == ref_answer)
+        out.append(1 + round(4 * sum(items) / len(items)) if items else 1)
+    return out
+
+
 # ---- warm start ----------------------------------------------------------------------------------
 
 

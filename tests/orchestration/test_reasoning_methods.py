@@ -8,27 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_task import chain_recipe
 
 from rise_nemo.config import config_from_dict
 from rise_nemo.orchestration import checkpoint as ckpt
 from rise_nemo.orchestration.run import build_trainer
 from rise_nemo.orchestration.trainer import read_metrics
 
-TINY = {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16, "intermediate_size": 64}
-
 
 def _cfg(run_dir: Path, method: str, steps: int = 3):
-    return config_from_dict({
-        "run": {"name": method, "dir": str(run_dir), "seed": 1},
-        "method": method,
-        "grpo": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 12},
-        "data": {"source": "chain_arithmetic", "warm_start_cache": None,
-                 "task": {"max_steps": 3, "train_per_level": 4, "heldout_per_level": 2, "train_levels": [2, 3]},
-                 "warm_start": {"steps": 3, "batch_size": 4}},
-        "train": {"steps": steps, "checkpoint_every": 1, "progress": False, "keep_checkpoints": 0},
-        "eval": {"every": 2, "samples_per_prompt": 2},
-        "local": {"tokenizer": "builtin:reasoning_task", "lr": 1e-3, "tiny": TINY, "num_threads": 1},
-    })
+    return config_from_dict(chain_recipe(method, run_dir, steps=steps))
 
 
 def _reproducible(metrics):

@@ -97,3 +97,24 @@ def write_recipe(dir_: Path, tokenizer_dir: Path, run_dir: Path, method: str = "
     path = dir_ / f"tiny_{method}.yaml"
     path.write_text(yaml.safe_dump(tree))
     return path
+
+
+CHAIN_TINY = {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16, "intermediate_size": 64}
+
+
+def chain_recipe(method: str, run_dir: Path | None = None, group_size: int = 4, max_new_tokens: int = 12,
+                 steps: int = 3, **blocks: Any) -> dict[str, Any]:
+    """A tiny recipe of the embedded reasoning task (3 levels, 3 warm-start steps, uncached): reasoning
+    method tests. ``blocks`` add top-level blocks (e.g. ``exprl={...}``)."""
+    return {
+        "run": {"name": method, "seed": 1, **({"dir": str(run_dir)} if run_dir is not None else {})},
+        "method": method,
+        "grpo": {"prompts_per_step": 2, "group_size": group_size, "max_new_tokens": max_new_tokens},
+        "data": {"source": "chain_arithmetic", "warm_start_cache": None,
+                 "task": {"max_steps": 3, "train_per_level": 4, "heldout_per_level": 2, "train_levels": [2, 3]},
+                 "warm_start": {"steps": 3, "batch_size": 4}},
+        "train": {"steps": steps, "checkpoint_every": 1, "progress": False, "keep_checkpoints": 0},
+        "eval": {"every": 2, "samples_per_prompt": 2},
+        "local": {"tokenizer": "builtin:reasoning_task", "lr": 1e-3, "tiny": CHAIN_TINY, "num_threads": 1},
+        **blocks,
+    }

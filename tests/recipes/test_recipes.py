@@ -22,10 +22,12 @@ NEMO_RECIPES = sorted(p.name for p in RECIPES.glob("*.yaml")
 # The recipes this test must see (a recipe silently dropping out of the glob would hide a break).
 EXPECTED = {"rise_4b.yaml", "rise_14b.yaml", "rubric_rl_14b.yaml", "ruscarl_14b.yaml", "rise_14b_coupled.yaml",
             "rise_14b_uniform.yaml", "opd_14b_teacher32b.yaml", "opd_4b_teacher14b.yaml", "ppo_math_7b.yaml",
-            "grpo_math_qwen3_4b.yaml"}
+            "grpo_math_qwen3_4b.yaml", "exprl_outcome_qwen3_4b.yaml", "exprl_process_qwen3_4b.yaml",
+            "exprl_stage2_qwen3_4b.yaml"}
 DOCUMENTED_NODES = {"rise_4b.yaml": 2, "rise_14b.yaml": 2, "rubric_rl_14b.yaml": 2, "ruscarl_14b.yaml": 2,
                     "rise_14b_coupled.yaml": 2, "rise_14b_uniform.yaml": 2, "opd_14b_teacher32b.yaml": 3,
-                    "opd_4b_teacher14b.yaml": 2, "ppo_math_7b.yaml": 1, "grpo_math_qwen3_4b.yaml": 1}
+                    "opd_4b_teacher14b.yaml": 2, "ppo_math_7b.yaml": 1, "grpo_math_qwen3_4b.yaml": 1,
+                    "exprl_outcome_qwen3_4b.yaml": 2, "exprl_process_qwen3_4b.yaml": 2, "exprl_stage2_qwen3_4b.yaml": 1}
 
 
 def load(name: str, *overrides: str) -> dict:
@@ -186,3 +188,23 @@ def test_reasoning_baseline_recipes():
     huge["nemo"]["value"]["megatron_cfg"]["tensor_model_parallel_size"] = 3
     bad = plan_recipe(huge)
     assert any(i.key == "nemo.value.megatron_cfg.tensor_model_parallel_size" for i in bad.issues), bad.issues
+
+
+def test_exprl_recipes_carry_the_issue_settings():
+    o, p, s2 = load("exprl_outcome_qwen3_4b.yaml"), load("exprl_process_qwen3_4b.yaml"), load("exprl_stage2_qwen3_4b.yaml")
+    for t in (o, p, s2):
+        assert t["nemo"]["policy"]["model_name"] == "Qwen/Qwen3-4B-Instruct-2507"
+        assert t["nemo"]["policy"]["megatron_cfg"]["optimizer"]["lr"] == 1e-6
+        assert (t["grpo"]["max_new_tokens"], t["grpo"]["temperature"]) == (16384, 0.8)
+    for t in (o, p):
+        assert t["judge"]["model"] == "Qwen/Qwen3-4B-Instruct-2507" and t["judge"]["type"] == "http"
+        assert t["nemo"]["plan"]["judge"]["model"] == "Qwen/Qwen3-4B-Instruct-2507"  # its own vLLM node
+        assert t["nemo"]["plan"]["judge"]["nodes"] == 1 and t["grpo"]["kl_coef"] == 0.001
+        assert t["grpo"]["prompts_per_step"] == 36
+        assert t["nemo"]["policy"]["train_global_batch_size"] == 36 * t["grpo"]["group_size"]
+    assert (o["method"], o["grpo"]["group_size"], o["grpo"]["clip_low"], o["grpo"]["clip_high"]) == (
+        "exprl_outcome", 10, 0.2, 0.28)
+    assert (p["method"], p["grpo"]["group_size"], p["grpo"]["clip_low"], p["grpo"]["clip_high"]) == (
+        "exprl_process", 16, 0.2, 0.26)
+    assert (s2["method"], s2["grpo"]["group_size"], s2["grpo"]["prompts_per_step"], s2["grpo"]["kl_coef"],
+            s2["train"]["steps"]) == ("grpo", 32, 32, 0.0, 500)

@@ -1,0 +1,168 @@
+"""ExpRL's Stage I scoring and its baselines, as hooks of the reasoning step (docs/DESIGN.md §8).
+
+  exprl_outcome       reference judge grades the whole rollout 1-5 -> normalised reward -> GRPO group
+                      advantages (unknown -> excluded from the group's statistics; truncated -> 0)
+  exprl_process       the rollout is cut into segments at ``exprl.segment_marker`` (core.exprl), ALL its
+                      segments are graded in one judge call, segment advantages A_1 = s_1 - s_T,
+                      A_t = s_t - s_{t-1} on every token of the segment, no group normalisation
+  self_distillation   the same policy with the reference in its context is the teacher on the student's
+                      own samples: per-token advantage log pi(y_t | x, ref, y_<t) - log pi(y_t | x, y_<t)
+                      (on-policy distillation, the reverse-KL reward), trained by the same clipped PG loss
+  sft                 teacher-forced NLL of the reference solutions under the plain prompt (no sampling)
+
+The policy always samples from ``problem.messages`` (the plain problem); only the judge and the
+self-distillation teacher are given the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rise_nemo.core.exprl import normalise_score, segment_token_spans, token_process_advantages
+from rise_nemo.core.problem import ReasoningProblem
+from rise_nemo.interfaces import Rollout
+from rise_nemo.judges.reference import ScoreRequest
+
+# method.reward values (rise_nemo.methods)
+REWARD_VERIFIER, REWARD_OUTCOME, REWARD_PROCESS = "verifier", "reference_outcome", "reference_process"
+REWARD_SELF_DISTILLATION, REWARD_SFT = "self_distillation", "sft"
+
+
+@dataclass
+class StepScores:
+    """What a reasoning step's scoring hook returns. rewards, valid: [N, G]; token_advantages: per (i, j)
+    of a valid rollout, advantages aligned with its ``response_token_ids`` (per-token methods only)."""
+
+    rewards: torch.Tensor
+    valid: torch.Tensor
+    token_advantages: dict[tuple[int, int], torch.Tensor] | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def find_tokenizer(generator: Any) -> Any:
+    """The backend's tokenizer (local: ``engine.tokenizer``; nemo: ``session.tokenizer``)."""
+    for owner in (generator, getattr(generator, "engine", None), getattr(generator, "session", None)):
+        tok = getattr(owner, "tokenizer", None)
+        if tok is not None:
+            return tok
+    raise ValueError(f"{type(generator).__name__} exposes no tokenizer; ExpRL-Process needs one to segment rollouts")
+
+
+def rollout_segments(tokenizer: Any, rollout: Rollout, marker: str) -> tuple[list[tuple[int, int]], list[str]]:
+    """Token spans over the rollout's sampled tokens (offset by given tokens) and each span's decoded text."""
+    ids = list(rollout.response_token_ids)
+    start = rollout.given_token_count
+    pieces = [tokenizer.decode([t], skip_special_tokens=True) for t in ids[start:]]
+    spans = [(a + start, b + start) for a, b in segment_token_spans(pieces, marker)]
+    texts = [tokenizer.decode(ids[a:b], skip_special_tokens=True).strip() for a, b in spans]
+    return spans, texts
+
+
+def reference_scores(ctx: Any, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]]) -> StepScores:
+    """ExpRL-Outcome / ExpRL-Process scoring of a step (module docstring): one judge batch for the step."""
+    process = ctx.method.reward == REWARD_PROCESS
+    ecfg = ctx.cfg.exprl
+    norm, view = str(ecfg.normalisation), str(ecfg.segment_view)
+    n, g = len(groups), max((len(x) for x in groups), default=0)
+    rewards, valid = torch.zeros(n, g), torch.zeros(n, g, dtype=torch.bool)
+    requests: list[ScoreRequest] = []
+    where: list[tuple[int, int]] = []
+    spans: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    tokenizer = find_tokenizer(ctx.generator) if process else None
+    truncated = single = 0
+    for i, (problem, group) in enumerate(zip(problems, groups)):
+        for j, r in enumerate(group):
+            if process:
+                spans[i, j], texts = rollout_segments(tokenizer, r, str(ecfg.segment_marker))
+                single += len(texts) == 1
+            if not r.finished:  # truncated: scores 0, never sent to the judge
+                truncated += 1
+                valid[i, j] = True
+                continue
+            requests.append(ScoreRequest(problem, r.response_text, tuple(texts) if process else None))
+            where.append((i, j))
+    calls_before = ctx.reference_judge_calls()
+    scores = ctx.reference_judge.score(requests, view) if requests else []
+    if len(scores) != len(requests):
+        raise RuntimeError(f"reference judge returned {len(scores)} results for {len(requests)} rollouts")
+    token_adv: dict[tuple[int, int], torch.Tensor] = {}
+    seg_scores: dict[tuple[int, int], list[float]] = {}
+    for (i, j), got in zip(where, scores):
+        if got is None:
+            continue  # unknown: excluded from the group's statistics and from the batch
+        if process and len(got) != len(spans[i, j]):
+            raise RuntimeError(f"reference judge returned {len(got)} scores for {len(spans[i, j])} segments")
+        normed = [normalise_score(s, norm) for s in got]
+        seg_scores[i, j] = normed
+        rewards[i, j], valid[i, j] = normed[-1], True
+    if process:
+        for i, group in enumerate(groups):
+            for j, r in enumerate(group):
+                if not valid[i, j]:
+                    continue
+                length = len(r.response_token_ids)
+                s = seg_scores.get((i, j), [0.0] * len(spans[i, j]))  # truncated: every segment 0
+                token_adv[i, j] = token_process_advantages(spans[i, j], s, length)
+    metrics = {"exprl/truncated_zero": truncated, "exprl/judged_rollouts": len(requests),
+               "judge/step_calls": ctx.reference_judge_calls() - calls_before,
+               "judge/unknown_excluded": int(sum(s is None for s in scores))}
+    if process:
+        n_seg = [len(v) for v in spans.values()]
+        metrics.update({"exprl/segments_mean": sum(n_seg) / max(1, len(n_seg)), "exprl/single_segment": single})
+    return StepScores(rewards, valid, token_adv if process else None, metrics)
+
+
+def teacher_messages(problem: ReasoningProblem, intro: str) -> list[dict]:
+    """The self-distillation teacher's context: the problem with the reference appended to its last turn."""
+    msgs = [dict(m) for m in problem.messages]
+    sep = f" {intro} " if intro else " "
+    msgs[-1]["content"] = f"{msgs[-1]['content']}{sep}{problem.reference_solution}"
+    return msgs
+
+
+def self_distillation_advantages(ctx: Any, problems: Sequence[ReasoningProblem], groups, valid: torch.Tensor,
+                                 batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Per-token advantages [B, T] log pi_teacher(y_t) - prev log pi_student(y_t) on the batch's response tokens,
+    the teacher being the current policy with the reference in context (no gradient through it)."""
+    from rise_nemo.orchestration.step import TrainSample, build_batch
+
+    intro = str(ctx.cfg.exprl.teacher_intro)
+    rows = [(problems[i], r) for i, g in enumerate(groups) for j, r in enumerate(g) if bool(valid[i, j])]
+    teacher = build_batch([TrainSample(ctx.generator.encode_prompt(teacher_messages(p, intro)),
+                                       list(r.response_token_ids), 0, 0.0, [], sampled_under_train_prompt=False,
+                                       given_tokens=r.given_token_count) for p, r in rows], ctx.pad_id)
+    teacher_lp = ctx.policy.get_logprobs(teacher)  # [B, T'] under the teacher context
+    out = torch.zeros_like(batch["token_mask"])
+    student_lp = batch["prev_logprobs"]
+    for row in range(out.shape[0]):
+        s_pos = batch["token_mask"][row].nonzero().flatten()
+        t_pos = teacher["token_mask"][row].nonzero().flatten()
+        if len(s_pos) != len(t_pos):
+            raise RuntimeError(f"self-distillation: row {row} has {len(s_pos)} student but {len(t_pos)} teacher tokens")
+        out[row, s_pos] = teacher_lp[row, t_pos].to(out.dtype) - student_lp[row, s_pos].to(out.dtype)
+    return out
+
+
+def sft_reference_batch(ctx: Any, problems: Sequence[ReasoningProblem]) -> dict[str, torch.Tensor]:
+    """Reference solutions teacher-forced under the plain prompts (the SFT baseline's batch)."""
+    from rise_nemo.orchestration.step import TrainSample, build_batch
+
+    samples = []
+    for p in problems:
+        ids = _encode_response(ctx.generator, p.reference_solution)
+        samples.append(TrainSample(ctx.generator.encode_prompt(list(p.messages)), ids, 0, 0.0, [],
+                                   sampled_under_train_prompt=False))
+    batch = build_batch(samples, ctx.pad_id)
+    batch["global_tokens"] = batch["natural_token_count"]
+    return batch
+
+
+def _encode_response(generator: Any, text: str) -> list[int]:
+    if hasattr(generator, "encode_response"):
+        return list(generator.encode_response(text))
+    tok = find_tokenizer(generator)
+    return list(tok.encode(text, add_special_tokens=False)) + [int(tok.eos_token_id)]

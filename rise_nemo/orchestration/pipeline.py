@@ -1,0 +1,211 @@
+"""Multi-stage runs: ExpRL's Stage I (mid-training) then Stage II (sparse GRPO) from Stage I's final
+checkpoint, one command (``rise-nemo pipeline FILE``; docs/DESIGN.md §8).
+
+A pipeline file names the stages; each stage is an ordinary recipe with overrides and its own run
+directory ``<pipeline.dir>/<stage name>``::
+
+    pipeline:
+      name: exprl_pipeline_tiny_cpu
+      dir: runs/exprl_pipeline_tiny_cpu
+    stages:
+      - name: stage1
+        recipe: exprl_process_chain_tiny_cpu.yaml   # relative to this file
+        overrides: {train.steps: 20}
+      - name: stage2
+        recipe: grpo_chain_tiny_cpu.yaml
+        init: previous                              # the previous stage's final checkpoint (weights only)
+
+Resume: a stage whose run directory holds a ``summary.json`` for all its steps is done and skipped; any
+other stage runs through ``build_trainer``, which resumes from its own latest checkpoint. A stage that
+starts fresh with ``init: previous`` loads the policy WEIGHTS of the previous stage's final checkpoint
+(a fresh optimiser and, for a KL term, a fresh reference = those weights) instead of the warm start. A
+stop signal ends the pipeline after the current stage's checkpoint; the next call continues there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rise_nemo.errors import UserError
+
+log = logging.getLogger("rise_nemo.pipeline")
+
+INIT_CHOICES = ("warm_start", "previous")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    recipe: Path
+    overrides: tuple[str, ...] = ()
+    init: str = "warm_start"
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    dir: Path
+    stages: tuple[Stage, ...]
+    source: Path = field(default=Path("."))
+
+    def stage_dir(self, stage: Stage) -> Path:
+        return self.dir / stage.name
+
+
+def load_pipeline(path: str | Path, run_dir: str | Path | None = None) -> Pipeline:
+    """Read and check a pipeline file; every error is a one-line ``UserError`` naming the file and key."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"pipeline file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, Mapping) or not isinstance(data.get("stages"), list) or not data["stages"]:
+        raise UserError(f"{path}: key 'stages' must be a non-empty list of stages")
+    unknown = sorted(set(data) - {"pipeline", "stages"})
+    if unknown:
+        raise UserError(f"{path}: unknown top-level key(s) {unknown}; expected pipeline, stages")
+    head = data.get("pipeline") or {}
+    if not isinstance(head, Mapping):
+        raise UserError(f"{path}: key 'pipeline' must be a mapping (name, dir)")
+    name = str(head.get("name", path.stem))
+    root = Path(run_dir) if run_dir is not None else Path(str(head.get("dir", f"runs/{name}")))
+    stages, seen = [], set()
+    for k, raw in enumerate(data["stages"]):
+        where = f"{path}: stages[{k}]"
+        if not isinstance(raw, Mapping):
+            raise UserError(f"{where}: expected a mapping with name, recipe[, overrides, init]")
+        bad = sorted(set(raw) - {"name", "recipe", "overrides", "init"})
+        if bad:
+            raise UserError(f"{where}: unknown key(s) {bad}; expected name, recipe, overrides, init")
+        sname = str(raw.get("name") or f"stage{k + 1}")
+        if sname in seen or "/" in sname:
+            raise UserError(f"{where}.name: {sname!r} must be unique and contain no '/'")
+        seen.add(sname)
+        if not raw.get("recipe"):
+            raise UserError(f"{where}.recipe is required")
+        recipe = (path.parent / str(raw["recipe"])).resolve()
+        if not recipe.is_file():
+            raise UserError(f"{where}.recipe: file not found: {recipe}")
+        ov = raw.get("overrides") or {}
+        if isinstance(ov, Mapping):
+            overrides = tuple(f"{key}={_yaml_value(v)}" for key, v in ov.items())
+        elif isinstance(ov, list):
+            overrides = tuple(str(x) for x in ov)
+        else:
+            raise UserError(f"{where}.overrides: expected a mapping or a list of key=value")
+        init = str(raw.get("init", "warm_start"))
+        if init not in INIT_CHOICES or (init == "previous" and k == 0):
+            raise UserError(f"{where}.init: expected one of {list(INIT_CHOICES)} ('previous' not on the first stage), "
+                            f"got {init!r}")
+        stages.append(Stage(sname, recipe, overrides, init))
+    return Pipeline(name, root, tuple(stages), path)
+
+
+def _yaml_value(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, list | dict) else str(value)
+
+
+def stage_config(pipeline: Pipeline, stage: Stage, overrides: Sequence[str] = ()) -> Any:
+    """The stage's validated recipe: its file, its overrides, the command line's, then its run directory."""
+    from rise_nemo.config import load_config
+
+    return load_config(stage.recipe, [*stage.overrides, *overrides, f"run.dir={pipeline.stage_dir(stage)}",
+                                      f"run.name={pipeline.name}-{stage.name}"])
+
+
+def stage_done(run_dir: Path, steps: int) -> bool:
+    summary = run_dir / "summary.json"
+    if not summary.is_file():
+        return False
+    try:
+        return int(json.loads(summary.read_text()).get("steps", -1)) >= steps
+    except (ValueError, TypeError):
+        return False
+
+
+def final_checkpoint(run_dir: Path) -> Path:
+    from rise_nemo.orchestration import checkpoint as ckpt
+
+    path = ckpt.latest_checkpoint(run_dir)
+    if path is None:
+        raise UserError(f"{run_dir}: the previous stage finished without a checkpoint to start from")
+    return path
+
+
+def init_policy_from(policy: Any, checkpoint: Path) -> None:
+    """Load only the policy weights of ``checkpoint`` (the previous stage's final one): a fresh optimiser, and
+    the KL reference (if any) becomes these weights. Local backend (its ``policy/state.pt``); NeMo-RL stages
+    start from a converted checkpoint named in their recipe (docs/DESIGN.md §8)."""
+    from rise_nemo.backends.local.policy import load_state
+
+    if not hasattr(policy, "reset_optimizer"):
+        raise UserError(f"init: previous needs the local backend's checkpoint format ({checkpoint}/policy); on "
+                        "NeMo-RL point the next stage's nemo.policy.model_name at Stage I's converted checkpoint")
+    try:
+        state = load_state(checkpoint / "policy")
+    except FileNotFoundError as exc:
+        raise UserError(f"init: previous: {exc}") from None
+    policy.model.load_state_dict(state["model"])
+    start_next_stage(policy)
+
+
+def start_next_stage(policy: Any) -> None:
+    """The local policy as a new stage begins from its current weights: a fresh optimiser (at ``local.lr``),
+    no KL reference yet (the next KL term snapshots these weights), step counter 0."""
+    policy.reset_optimizer()
+    policy.reference = None
+    policy.train_steps = 0
+
+
+def run_pipeline(pipeline: Pipeline, overrides: Sequence[str] = (), stop_after: int | None = None) -> int:
+    """Run (or resume) every stage in order (module docstring). Returns 0, also after a stop signal."""
+    from rise_nemo.orchestration.run import build_trainer
+
+    pipeline.dir.mkdir(parents=True, exist_ok=True)
+    previous: Path | None = None
+    for stage in pipeline.stages:
+        cfg = stage_config(pipeline, stage, overrides)
+        run_dir = pipeline.stage_dir(stage)
+        if stage_done(run_dir, int(cfg.train.steps)):
+            log.info("pipeline %s: stage %s already complete (%s)", pipeline.name, stage.name, run_dir)
+            previous = run_dir
+            continue
+        init = final_checkpoint(previous) if stage.init == "previous" and previous is not None else None
+        log.info("pipeline %s: stage %s -> %s%s", pipeline.name, stage.name, run_dir,
+                 f" (from {init})" if init else "")
+        trainer = build_trainer(cfg, run_dir=run_dir, stop_after=stop_after, init_from=init)
+        trainer.run()
+        if trainer.stopped_by is not None or not stage_done(run_dir, int(cfg.train.steps)):
+            log.info("pipeline %s: stopped in stage %s; run the same command again to continue", pipeline.name,
+                     stage.name)
+            return 0
+        previous = run_dir
+    _write_index(pipeline)
+    return 0
+
+
+def _write_index(pipeline: Pipeline) -> None:
+    index = {"pipeline": pipeline.name, "stages": [{"name": s.name, "recipe": s.recipe.name, "init": s.init}
+                                                   for s in pipeline.stages]}
+    (pipeline.dir / "pipeline.json").write_text(json.dumps(index, indent=1))
+
+
+def expand_pipeline_dirs(run_dirs: Sequence[str | Path]) -> list[str]:
+    """Run directories with every pipeline directory (one holding ``pipeline.json``) replaced by its stages'."""
+    out: list[str] = []
+    for d in run_dirs:
+        index = Path(d) / "pipeline.json"
+        if index.is_file():
+            out.extend(str(Path(d) / s["name"]) for s in json.loads(index.read_text())["stages"])
+        else:
+            out.append(str(d))
+    return out
