@@ -614,7 +614,7 @@ def test_issue12_grpo_policy_built_from_the_checkpoint_it_is_given(tmp_path, mon
     for step in (1, 2):
         _megatron_like_policy_dir(tmp_path / "run" / "checkpoints" / f"step_{step:06d}", with_optimizer=True)
     chosen = tmp_path / "run" / "checkpoints" / "step_000001"
-    policy_if, _ = nemo_backend.build_backend(cfg, checkpoint=chosen)
+    policy_if, _ = nemo_backend.build_backend(cfg, checkpoint=chosen, train_prompts=make_prompts(4))
     from nemo_rl.models.policy.lm_policy import Policy
 
     factory, built = seen["factory"], {}
@@ -623,5 +623,5 @@ def test_issue12_grpo_policy_built_from_the_checkpoint_it_is_given(tmp_path, mon
     assert built["weights_path"] == str(chosen / "policy" / "weights")
     assert built["optimizer_path"] == str(chosen / "policy" / "optimizer")  # Megatron's embedded optimizer: load it
     assert policy_if.session.resumed_from == chosen / "policy"
-    nemo_backend.build_backend(cfg, checkpoint=None)
+    nemo_backend.build_backend(cfg, checkpoint=None, train_prompts=make_prompts(4))
     assert seen["factory"].args[1] is None  # the initial policy
