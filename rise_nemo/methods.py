@@ -8,7 +8,8 @@ Families (one step module each, docs/DESIGN.md §7):
                 ruscarl
   reasoning     verifier-rewarded reasoning family (rise_nemo.orchestration.reasoning_step): ppo (critic + GAE),
                 grpo (sparse 0/1 reward, group advantages); ExpRL's Stage I methods exprl_outcome / exprl_process
-                and its baselines sft / self_distillation (docs/DESIGN.md §8); RRL joins this family
+                and its baselines sft / self_distillation (docs/DESIGN.md §8); rrl (PPO + retrospective replay of
+                value-selected states, rise_nemo.orchestration.rrl, docs/DESIGN.md §9)
   distillation  on-policy distillation, which runs on NeMo-RL's distillation entry point (opd)
 """
 
@@ -58,6 +59,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("opd", "distillation", "on-policy distillation (NeMo-RL's distillation path)"),
     Method("ppo", "reasoning", "PPO with a critic and GAE on a sparse verifier reward", critic=True,
            defaults=dict(_PPO_DEFAULTS)),
+    Method("rrl", "reasoning", "RRL: PPO whose rollouts may continue value-selected states from a per-problem "
+           "replay buffer (Algorithm 1; state tokens masked, eq. 3)", critic=True, defaults=dict(_PPO_DEFAULTS)),
     Method("grpo", "reasoning", "GRPO on a sparse 0/1 verifier reward (group advantages)",
            defaults={"grpo.temperature": 0.8, "grpo.top_p": 0.9}),
     Method("exprl_outcome", "reasoning", "ExpRL-Outcome: GRPO on a reference judge's normalised 1-5 score",

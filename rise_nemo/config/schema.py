@@ -140,6 +140,33 @@ class ExprlCfg:
 
 
 @dataclass
+class RrlStabiliseCfg:
+    """When the critic's value loss counts as stable (core.replay.ValueStabilisation; docs/DESIGN.md §9): its
+    EMA moves by at most ``tolerance`` (relative) for ``window`` consecutive steps, or ``max_steps`` steps
+    have passed (0 = from the start). States are searched only afterwards."""
+
+    window: int = 3
+    tolerance: float = 0.1
+    max_steps: int = 10
+    ema: float = 0.7
+
+
+@dataclass
+class RrlCfg:
+    """Retrospective replay (method rrl; rise_nemo.orchestration.rrl, docs/DESIGN.md §9). Paper defaults."""
+
+    beta: float = 0.4  # replay coefficient: p = beta * step / steps_per_epoch in epoch 1, beta after (Alg. 1, l. 4)
+    steps_per_epoch: int | None = None  # null = ceil(training problems / grpo.prompts_per_step)
+    capacity: int = 5  # states per problem
+    # where states come from: policy (argmax V over a generated solution, Alg. 1 line 8) and canonical (the
+    # reference solution of a problem whose rollout was wrong, line 9); [canonical] = RRL-CS, [policy] = RRL-PGS
+    state_sources: list[Literal["policy", "canonical"]] = field(default_factory=lambda: ["policy", "canonical"])
+    granularity: Literal["token", "line", "step"] = "step"  # allowed cut points (core.replay.state_boundaries)
+    step_marker: str = "step"  # granularity step: a state ends before this marker (the embedded task's steps)
+    stabilise: RrlStabiliseCfg = field(default_factory=RrlStabiliseCfg)
+
+
+@dataclass
 class DataCfg:
     """``source: persistent`` generates the demo task (rise_nemo.data.persistent_task) from ``task``;
     ``source: jsonl`` reads rubric files with rise_nemo.data.loaders (JSONL or parquet); ``source:
@@ -199,6 +226,7 @@ class RecipeCfg:
     ruscarl: RuscarlCfg = field(default_factory=RuscarlCfg)
     ppo: PpoCfg = field(default_factory=PpoCfg)
     exprl: ExprlCfg = field(default_factory=ExprlCfg)
+    rrl: RrlCfg = field(default_factory=RrlCfg)
     # Optimiser settings belong to the backend that owns the optimiser: the local backend reads them from
     # ``local:`` (lr, betas, ...), NeMo-RL from ``nemo.policy.optimizer``.
     data: DataCfg = field(default_factory=DataCfg)
@@ -241,6 +269,15 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "train.log_samples": (lambda v: v >= 0, ">= 0"),
     "eval.every": (lambda v: v >= 0, ">= 0"),
     "exprl.segment_marker": (lambda v: len(v) > 0, "a non-empty string"),
+    "rrl.beta": (lambda v: 0 <= v <= 1, "in [0, 1] (a probability)"),
+    "rrl.steps_per_epoch": (lambda v: v is None or v >= 1, ">= 1 or null"),
+    "rrl.capacity": (lambda v: v >= 1, ">= 1"),
+    "rrl.state_sources": (lambda v: len(v) >= 1 and len(set(v)) == len(v), "a non-empty list without repeats"),
+    "rrl.step_marker": (lambda v: len(v) > 0, "a non-empty string"),
+    "rrl.stabilise.window": (lambda v: v >= 1, ">= 1"),
+    "rrl.stabilise.tolerance": (lambda v: v >= 0, ">= 0"),
+    "rrl.stabilise.max_steps": (lambda v: v >= 0, ">= 0"),
+    "rrl.stabilise.ema": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "eval.samples_per_prompt": (lambda v: v >= 1, ">= 1 (the acceptance asks for >= 8)"),
     # The policy-loss rules, identical to core.losses.ObjectiveConfig's (core.loss_defaults).
     **{f"{'grpo' if k in ('clip_low', 'clip_high', 'kl_coef', 'entropy_coef') else 'rise'}.{k}": rule

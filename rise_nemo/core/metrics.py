@@ -11,7 +11,8 @@ import torch
 from rise_nemo.core.logprobs import token_entropy
 from rise_nemo.core.rewards import failure_matrix
 
-__all__ = ["pass_at_k", "criterion_coverage", "CoverageTable", "CriterionCoverage", "mean_token_entropy"]
+__all__ = ["pass_at_k", "criterion_coverage", "CoverageTable", "CriterionCoverage", "mean_token_entropy",
+           "perplexity_variance"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -133,3 +134,22 @@ def mean_token_entropy(x: torch.Tensor, mask: torch.Tensor) -> float:
         if n == 0:
             return float("nan")
         return float(torch.where(m, per_token, torch.zeros_like(per_token)).sum() / n)
+
+
+def perplexity_variance(logprobs: torch.Tensor, mask: torch.Tensor, groups: Sequence[int]) -> float | None:
+    """The RRL paper's diversity measure (its Figure 1, right): the variance, across the samples of one query,
+    of the responses' perplexities, averaged over queries.
+
+    logprobs, mask: [B, T] (token log-probs under the policy, 1 on the response tokens that count); groups [B]:
+    the query of each row. Perplexity of a row = exp(-mean masked log-prob); per query the population
+    variance over its rows (queries with fewer than two rows are left out); None when no query has two."""
+    m = mask.to(torch.float64)
+    counts = m.sum(1)
+    ppl = torch.exp(-(logprobs.to(torch.float64) * m).sum(1) / counts.clamp(min=1))
+    by_group: dict[int, list[float]] = {}
+    for row, g in enumerate(groups):
+        if float(counts[row]) > 0:
+            by_group.setdefault(int(g), []).append(float(ppl[row]))
+    variances = [float(torch.tensor(v, dtype=torch.float64).var(unbiased=False)) for v in by_group.values()
+                 if len(v) >= 2]
+    return sum(variances) / len(variances) if variances else None

@@ -153,7 +153,7 @@ def sft_reference_batch(ctx: Any, problems: Sequence[ReasoningProblem]) -> dict[
 
     samples = []
     for p in problems:
-        ids = _encode_response(ctx.generator, p.reference_solution)
+        ids = encode_response(ctx.generator, p.reference_solution)
         samples.append(TrainSample(ctx.generator.encode_prompt(list(p.messages)), ids, 0, 0.0, [],
                                    sampled_under_train_prompt=False))
     batch = build_batch(samples, ctx.pad_id)
@@ -161,7 +161,8 @@ def sft_reference_batch(ctx: Any, problems: Sequence[ReasoningProblem]) -> dict[
     return batch
 
 
-def _encode_response(generator: Any, text: str) -> list[int]:
+def encode_response(generator: Any, text: str) -> list[int]:
+    """Response text -> token ids ending with EOS, as a finished generation would be (reference solutions)."""
     if hasattr(generator, "encode_response"):
         return list(generator.encode_response(text))
     tok = find_tokenizer(generator)

@@ -10,9 +10,12 @@
         per-segment token advantages, the reference-in-context teacher's token advantages, or SFT
 
 The seams RRL and ExpRL plug into without forking this step:
-  start states   ``ReasoningContext.start_states(problems, step)`` gives per-problem response prefixes
-                 (token ids) the rollouts continue (RRL's replay buffer); ``None`` = from scratch. Given
-                 tokens are context only (token_mask 0) and GAE starts at the state (core.value.gae).
+  hooks          ``ReasoningContext.hooks`` (a ``StepHooks``; default: every method but rrl, all no-ops):
+                 ``start_states(ctx, problems, step)`` gives per-ROLLOUT response prefixes [N][G] (token ids;
+                 [] = from the problem) or None = every rollout from scratch (RRL's replay buffer,
+                 rise_nemo.orchestration.rrl); given tokens are context only (token_mask 0) and GAE starts at
+                 the state (core.value.gae). ``after_score`` sees the scored groups and the built batch
+                 (critic values included) before the policy update; ``after_train`` the step's metrics.
   scores         ``ReasoningContext.score`` turns (problems, rollouts) into rewards [N, G] and a valid mask
                  (default: the verifier's 0/1; ExpRL: a reference judge's normalised score), either as a
                  tuple or as an ``exprl.StepScores`` that may carry per-token advantages (ExpRL-Process).
@@ -24,13 +27,14 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from rise_nemo.core.advantages import group_advantages
+from rise_nemo.core.metrics import perplexity_variance
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.core.value import explained_variance, gae, make_value_loss, terminal_token_rewards, whiten
 from rise_nemo.interfaces import KIND_NATURAL, Critic, Generator, Policy, Rollout, Verifier
@@ -46,12 +50,30 @@ from rise_nemo.orchestration.step import (
     sampling_params,
 )
 
-StartStates = Callable[[Sequence[ReasoningProblem], int], "list[list[int]] | None"]
 
+class StepHooks:
+    """What a method adds around the shared step (the default: nothing; PPO / GRPO / ExpRL / SFT)."""
 
-def no_start_states(problems: Sequence[ReasoningProblem], step: int) -> None:
-    """PPO / GRPO: every rollout starts from the problem alone."""
-    return None
+    def start_states(self, ctx: ReasoningContext, problems: Sequence[ReasoningProblem],
+                     step: int) -> list[list[list[int]]] | None:
+        """Per-rollout given response prefixes [N][G] ([] = from the problem), or None: all from scratch."""
+        return None
+
+    def after_score(self, ctx: ReasoningContext, problems: Sequence[ReasoningProblem], groups: list[list[Rollout]],
+                    rewards: torch.Tensor, valid: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """After scoring and advantages, before the policy update; returns metrics for the step."""
+        return {}
+
+    def after_train(self, ctx: ReasoningContext, metrics: dict[str, Any]) -> dict[str, Any]:
+        """After the policy and critic updates, with the step's train metrics; returns metrics."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The hooks' own state for the trainer's checkpoint (None: stateless)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        return None
 
 
 @dataclass
@@ -65,7 +87,7 @@ class ReasoningContext:
     method: Method
     critic: Critic | None = None  # required when method.critic
     pad_id: int = 0
-    start_states: StartStates = no_start_states
+    hooks: StepHooks = field(default_factory=StepHooks)  # method-specific stages (RRL: rise_nemo.orchestration.rrl)
     rng: random.Random = field(default_factory=random.Random)  # method-level choices (RRL replay); checkpointed
     samples_per_step: int = 0  # rollouts recorded in ``last_samples`` (samples.jsonl); 0 = none
     last_samples: list[dict[str, Any]] = field(default_factory=list)
@@ -90,7 +112,7 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
     t_start = time.perf_counter()
     if ctx.method.reward == exprl.REWARD_SFT:
         return sft_step(ctx, problems, step, t_start)
-    prefixes = ctx.start_states(problems, step)  # None, or per-problem given response tokens (RRL)
+    prefixes = ctx.hooks.start_states(ctx, problems, step)  # None, or per-rollout given response tokens (RRL)
     groups = sample_groups(ctx, problems, prefixes, step)  # [N][G]
     scored = ctx.score(problems, groups)
     if not isinstance(scored, exprl.StepScores):
@@ -106,6 +128,7 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
     batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
     row_rewards = rewards[valid]  # [B], same order as the samples
     extra: dict[str, Any] = dict(scored.metrics)
+    extra["diversity/ppl_variance"] = scratch_perplexity_variance(batch, groups, valid)
     if ctx.method.critic:
         extra.update(add_gae_columns(ctx, batch, row_rewards))  # token_advantages, values, returns
     elif scored.token_advantages is not None:  # ExpRL-Process: segment advantages, no group normalisation
@@ -118,6 +141,7 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
         extra["distill/reverse_kl"] = float(-batch["token_advantages"][mask].mean()) if bool(mask.any()) else None
     else:
         batch["advantages"] = group_advantages(rewards, eps=float(ctx.cfg.grpo.eps), valid=valid)[valid]  # [B]
+    extra.update(ctx.hooks.after_score(ctx, problems, groups, rewards, valid, batch))
     if ctx.samples_per_step:
         ctx.last_samples = reasoning_sample_records(step, problems, groups, rewards, valid, batch, ctx.samples_per_step)
     train_metrics = ctx.policy.train(batch, make_policy_loss_fn(ctx.cfg))
@@ -125,6 +149,7 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
         value_loss = make_value_loss(ctx.cfg.ppo.value_clip)
         for _ in range(int(ctx.cfg.ppo.critic_updates)):
             train_metrics.update(ctx.critic.train(batch, value_loss))
+    extra.update(ctx.hooks.after_train(ctx, train_metrics))
     t_train = time.perf_counter()
     return reasoning_metrics(step, groups, rewards, valid, batch, {**train_metrics, **extra},
                              times=(t_start, t_sample, t_train))
@@ -162,12 +187,34 @@ def sft_step(ctx: ReasoningContext, problems: Sequence[ReasoningProblem], step: 
 
 
 def sample_groups(
-    ctx: ReasoningContext, problems: Sequence[ReasoningProblem], prefixes: list[list[int]] | None, step: int
+    ctx: ReasoningContext, problems: Sequence[ReasoningProblem], prefixes: list[list[list[int]]] | None, step: int
 ) -> list[list[Rollout]]:
-    """G rollouts per problem under its original prompt, continuing ``prefixes`` when given."""
+    """G rollouts per problem under its original prompt. ``prefixes[i][j]``: the given response tokens rollout j
+    of problem i continues ([] = from the problem). Without any given token this is exactly one
+    ``generate(prompts, G)`` call (the PPO / GRPO sampling stream); otherwise one call with N * G prompts,
+    n = 1, regrouped."""
     params = sampling_params(ctx.cfg, step, STREAM_NATURAL)
-    return ctx.generator.generate([list(p.messages) for p in problems], int(ctx.cfg.grpo.group_size), params,
-                                  prefixes=prefixes)
+    g = int(ctx.cfg.grpo.group_size)
+    prompts = [list(p.messages) for p in problems]
+    if prefixes is None or not any(len(x) for row in prefixes for x in row):
+        return ctx.generator.generate(prompts, g, params)
+    if len(prefixes) != len(problems) or any(len(row) != g for row in prefixes):
+        raise ValueError(f"start states: expected [{len(problems)}][{g}] prefixes, got "
+                         f"{[len(row) for row in prefixes]}")
+    flat = ctx.generator.generate([m for m in prompts for _ in range(g)], 1, params,
+                                  prefixes=[list(x) for row in prefixes for x in row])
+    if len(flat) != len(problems) * g or any(len(r) != 1 for r in flat):
+        raise RuntimeError(f"generator returned {len(flat)} groups for {len(problems) * g} single-sample prompts")
+    return [[flat[i * g + j][0] for j in range(g)] for i in range(len(problems))]
+
+
+def scratch_perplexity_variance(batch: dict[str, torch.Tensor], groups: Sequence[Sequence[Rollout]],
+                                valid: torch.Tensor) -> float | None:
+    """core.metrics.perplexity_variance of the rollouts sampled from the problem alone (replayed rollouts
+    continue a state, so their perplexity is not the query's), under the policy that sampled them."""
+    rows = [(i, r.given_token_count == 0) for i, g in enumerate(groups) for j, r in enumerate(g) if bool(valid[i, j])]
+    keep = torch.tensor([k for _, k in rows], dtype=batch["token_mask"].dtype).reshape(-1, 1)
+    return perplexity_variance(batch["prev_logprobs"], batch["token_mask"] * keep, [i for i, _ in rows])
 
 
 def verify_rewards(

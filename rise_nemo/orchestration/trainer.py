@@ -41,6 +41,7 @@ from rise_nemo.orchestration.data import PromptSampler
 from rise_nemo.orchestration.evaluate import eval_sampling_params, evaluate
 from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning
 from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
+from rise_nemo.orchestration.rrl import make_step_hooks
 from rise_nemo.orchestration.rundir import RunDirLock, write_config
 from rise_nemo.orchestration.signals import StopFlag
 from rise_nemo.orchestration.step import MethodSpec, StepContext, train_step
@@ -119,7 +120,8 @@ class Trainer:
             self.ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier,
                                         method=self.method, critic=critic, pad_id=_pad_id(generator),
                                         rng=random.Random(int(cfg.run.seed)),
-                                        samples_per_step=int(cfg.train.log_samples), reference_judge=judge)
+                                        samples_per_step=int(cfg.train.log_samples), reference_judge=judge,
+                                        hooks=make_step_hooks(cfg, self.method.name, len(train_prompts)))
             self._train_step, self._progress_keys = reasoning_train_step, REASONING_PROGRESS_KEYS
         else:
             self.ctx = StepContext(
@@ -250,6 +252,8 @@ class Trainer:
             "schedule": self._schedule.state_dict() if self._schedule is not None else None,
             # adaptive guidance gating (RISE only)
             "gate": self.ctx.gate.state_dict() if getattr(self.ctx, "gate", None) is not None else None,
+            # reasoning-step hooks (RRL: replay buffer + value-loss stabilisation)
+            "hooks": self.ctx.hooks.state_dict() if getattr(self.ctx, "hooks", None) is not None else None,
             "method": str(self.cfg.method),
         }
 
@@ -285,6 +289,8 @@ class Trainer:
             self._schedule.load_state_dict(state["schedule"])
         if getattr(self.ctx, "gate", None) is not None and state.get("gate") is not None:
             self.ctx.gate.load_state_dict(state["gate"])
+        if getattr(self.ctx, "hooks", None) is not None:
+            self.ctx.hooks.load_state_dict(state.get("hooks"))
         dropped = truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
         truncate_metrics(self.run_dir / "samples.jsonl", self.step)
         restarts = os.environ.get("SLURM_RESTART_COUNT")

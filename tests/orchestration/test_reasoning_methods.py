@@ -80,20 +80,27 @@ def _samples(run_dir: Path):
 
 
 def test_samples_record_the_given_and_sampled_split_of_replayed_prefixes(tmp_path):
-    """A start-state hook (RRL's seam) gives each problem a response prefix: samples.jsonl says how many
-    tokens were given and how many sampled, and the response starts with the given text."""
-    from rise_nemo.orchestration.reasoning_step import reasoning_train_step
+    """A start-state hook (RRL's seam) gives rollouts a response prefix (here every other rollout): samples.jsonl
+    says how many tokens were given and how many sampled, and the response starts with the given text."""
+    from rise_nemo.orchestration.reasoning_step import StepHooks, reasoning_train_step
 
     trainer = build_trainer(_cfg(tmp_path / "run", "grpo", steps=1))
     ctx, gen = trainer.ctx, trainer.generator
     problems = trainer.sampler.next_batch()
-    given = [gen.encode_response("step a")[:-1] for _ in problems]  # without EOS
-    ctx.start_states = lambda probs, step: given
+    given = [[gen.encode_response("step a")[:-1] if j % 2 == 0 else [] for j in range(4)] for _ in problems]
+
+    class Given(StepHooks):
+        def start_states(self, ctx, probs, step):
+            return given
+
+    ctx.hooks = Given()
     reasoning_train_step(ctx, problems, 1)
     assert len(ctx.last_samples) == 8
-    for record, i in zip(ctx.last_samples, [i for i in range(len(problems)) for _ in range(4)]):
+    for n, record in enumerate(ctx.last_samples):
+        i, j = divmod(n, 4)
         assert record["prompt_id"] == problems[i].prompt_id and record["difficulty"] == problems[i].difficulty
-        assert record["given_tokens"] == len(given[i]) and record["response"].startswith("step a")
+        assert record["given_tokens"] == len(given[i][j])
+        assert record["response"].startswith("step a") or j % 2 == 1
         assert record["sampled_tokens"] >= 1 and record["kind"] in (0, None)
     ctx.samples_per_step = 3
     reasoning_train_step(ctx, problems, 2)

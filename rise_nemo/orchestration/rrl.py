@@ -1,0 +1,186 @@
+"""RRL (Retrospective Replay RL) as hooks of the reasoning step (docs/DESIGN.md §9; paper Algorithm 1).
+
+``method: rrl`` is PPO (critic + GAE, rise_nemo.orchestration.reasoning_step) plus a per-problem buffer of
+promising states (core.replay). In one step:
+
+  start states   every rollout, with probability p (Algorithm 1 line 4, ``ctx.rng``), continues the
+                 least-explored buffered state of its problem (its counter +1, line 13); otherwise, or when
+                 the problem has no state, it starts from the problem (line 6). The state's tokens are
+                 context only (token_mask 0: eq. 3) and GAE starts at the state, bootstrapped from V there.
+  after scoring  a replayed rollout that is correct removes its state (line 14). Once the critic's value
+                 loss has stabilised (core.replay.ValueStabilisation), every normal rollout pushes
+                 argmax_i V(s_i) of its own response (line 8; the values GAE already used, ``batch["values"]``)
+                 and, if it is wrong, its problem's canonical solution pushes its argmax-V state (line 9):
+                 ONE critic.get_values call per step for all such canonical solutions, nothing generated.
+                 ``rrl.state_sources`` picks the sources: [policy, canonical] (RRL), [canonical] (RRL-CS),
+                 [policy] (RRL-PGS).
+  after training the step's critic value loss feeds the stabilisation rule.
+
+The buffer and the stabilisation state go into the trainer's checkpoint (``state_dict``), the replay coin
+flips come from ``ctx.rng`` (checkpointed by the trainer), so a resumed run is exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rise_nemo.core.problem import ReasoningProblem
+from rise_nemo.core.replay import (
+    ReplayBuffer,
+    ValueStabilisation,
+    candidate_state,
+    replay_probability,
+    state_boundaries,
+)
+from rise_nemo.interfaces import Rollout
+from rise_nemo.orchestration.exprl import encode_response, find_tokenizer
+from rise_nemo.orchestration.reasoning_step import ReasoningContext, StepHooks
+from rise_nemo.orchestration.step import TrainSample, build_batch
+
+SOURCE_POLICY, SOURCE_CANONICAL = "policy", "canonical"
+log = logging.getLogger("rise_nemo.rrl")
+
+
+def make_step_hooks(cfg: Any, method_name: str, n_train_problems: int) -> StepHooks:
+    """The reasoning step's hooks for a method: RRL's replay for ``rrl``, no-ops for every other method."""
+    if method_name == "rrl":
+        return RRLHooks(cfg, n_train_problems)
+    return StepHooks()
+
+
+class RRLHooks(StepHooks):
+    def __init__(self, cfg: Any, n_train_problems: int):
+        r = cfg.rrl
+        self.beta = float(r.beta)
+        per_step = int(cfg.grpo.prompts_per_step)
+        self.steps_per_epoch = int(r.steps_per_epoch) if r.steps_per_epoch is not None else max(
+            1, math.ceil(n_train_problems / per_step))
+        self.sources = tuple(str(s) for s in r.state_sources)
+        self.granularity, self.marker = str(r.granularity), str(r.step_marker)
+        self.buffer = ReplayBuffer(capacity=int(r.capacity))
+        s = r.stabilise
+        self.stabilisation = ValueStabilisation(window=int(s.window), tolerance=float(s.tolerance),
+                                                max_steps=int(s.max_steps), ema=float(s.ema))
+        self._replayed: dict[tuple[int, int], tuple[int, ...]] = {}  # this step's (i, j) -> state
+        self._p = 0.0
+        self._canonical_ids: dict[str, list[int]] = {}  # prompt_id -> tokenised reference (deterministic)
+
+    # ---- Algorithm 1, lines 4-6 and 10-11, 13 -----------------------------------------------------------
+    def start_states(self, ctx: ReasoningContext, problems: Sequence[ReasoningProblem],
+                     step: int) -> list[list[list[int]]] | None:
+        self._p = replay_probability(step, self.steps_per_epoch, self.beta)
+        self._replayed = {}
+        g = int(ctx.cfg.grpo.group_size)
+        out: list[list[list[int]]] = []
+        for i, problem in enumerate(problems):
+            row: list[list[int]] = []
+            for j in range(g):
+                state = self.buffer.select(problem.prompt_id, ctx.rng) if ctx.rng.random() < self._p else None
+                if state is not None:
+                    self._replayed[i, j] = state
+                row.append(list(state) if state is not None else [])
+            out.append(row)
+        return out if self._replayed else None
+
+    # ---- lines 8-9 and 12-14 ------------------------------------------------------------------------
+    def after_score(self, ctx: ReasoningContext, problems: Sequence[ReasoningProblem], groups: list[list[Rollout]],
+                    rewards: torch.Tensor, valid: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        before = dict(self.buffer.stats)
+        solved = {True: [0, 0], False: [0, 0]}  # replayed? -> [correct, valid]
+        row, canonical_needed = 0, []
+        stable = self.stabilisation.stable
+        for i, (problem, group) in enumerate(zip(problems, groups)):
+            for j, rollout in enumerate(group):
+                if not bool(valid[i, j]):
+                    continue
+                correct = float(rewards[i, j]) > 0.5
+                replayed = (i, j) in self._replayed
+                solved[replayed][0] += correct
+                solved[replayed][1] += 1
+                if replayed and correct:
+                    self.buffer.remove(problem.prompt_id, self._replayed[i, j])
+                elif not replayed and stable:
+                    if SOURCE_POLICY in self.sources:
+                        self._push_best(ctx, problem.prompt_id, rollout.response_token_ids, batch["values"][row],
+                                        int(batch["input_lengths"][row]) - len(rollout.response_token_ids),
+                                        SOURCE_POLICY)
+                    if not correct and SOURCE_CANONICAL in self.sources and i not in canonical_needed:
+                        canonical_needed.append(i)
+                row += 1
+        if canonical_needed:
+            self._push_canonical(ctx, [(problems[i], groups[i][0].prompt_token_ids) for i in canonical_needed])
+        n_rollouts = sum(len(grp) for grp in groups)
+        return {
+            "rrl/replay_p": self._p,
+            "rrl/replay_fraction": len(self._replayed) / max(1, n_rollouts),
+            "rrl/solve_rate_replayed": solved[True][0] / solved[True][1] if solved[True][1] else None,
+            "rrl/solve_rate_scratch": solved[False][0] / solved[False][1] if solved[False][1] else None,
+            "rrl/canonical_scored": len(canonical_needed),
+            **{f"rrl/states_{k}": self.buffer.stats[k] - before[k] for k in ("added", "removed", "evicted")},
+            "rrl/buffer_size": len(self.buffer),
+            "rrl/buffer_problems": len(self.buffer.states),
+        }
+
+    def _push_best(self, ctx: ReasoningContext, problem_id: str, response_ids: Sequence[int], values_row: torch.Tensor,
+                   prompt_len: int, source: str) -> None:
+        """buffer <- argmax V over the allowed cut points of one solution (values_row aligned with input_ids)."""
+        ids = list(response_ids)
+        n = self._text_length(ctx, ids)
+        texts = self._token_texts(ctx, ids[:n]) if self.granularity != "token" else [""] * n
+        k = candidate_state(values_row[prompt_len : prompt_len + n], state_boundaries(texts, self.granularity,
+                                                                                   self.marker))
+        if k is not None:
+            self.buffer.add(problem_id, ids[:k], source)
+
+    def _push_canonical(self, ctx: ReasoningContext, items: list[tuple[ReasoningProblem, list[int]]]) -> None:
+        """Line 9: the canonical solutions teacher-forced through the critic in one get_values call."""
+        samples = []
+        for problem, prompt_ids in items:
+            if problem.prompt_id not in self._canonical_ids:
+                self._canonical_ids[problem.prompt_id] = encode_response(ctx.generator, problem.reference_solution)
+            samples.append(TrainSample(list(prompt_ids), self._canonical_ids[problem.prompt_id], 0, 0.0, [],
+                                       sampled_under_train_prompt=False))
+        batch = build_batch(samples, ctx.pad_id)
+        values = ctx.critic.get_values(batch)  # [B, T], V(input_ids[:, :t])
+        for row, ((problem, prompt_ids), sample) in enumerate(zip(items, samples)):
+            self._push_best(ctx, problem.prompt_id, sample.response_ids, values[row], len(prompt_ids), SOURCE_CANONICAL)
+
+    @staticmethod
+    def _text_length(ctx: ReasoningContext, ids: list[int]) -> int:
+        """Response length without trailing special tokens (EOS): cut points stop before the complete text."""
+        tok = find_tokenizer(ctx.generator)
+        special = set(getattr(tok, "all_special_ids", None) or ()) | {getattr(tok, "eos_token_id", None)}
+        n = len(ids)
+        while n and ids[n - 1] in special:
+            n -= 1
+        return n
+
+    @staticmethod
+    def _token_texts(ctx: ReasoningContext, ids: list[int]) -> list[str]:
+        tok = find_tokenizer(ctx.generator)
+        return list(tok.batch_decode([[t] for t in ids], skip_special_tokens=True)) if ids else []
+
+    # ---- after the updates: the stabilisation rule ----------------------------------------------------
+    def after_train(self, ctx: ReasoningContext, metrics: dict[str, Any]) -> dict[str, Any]:
+        stab = self.stabilisation
+        was = stab.stable
+        stab.update(metrics.get("critic/value_loss"))
+        if stab.stable and not was:
+            log.info("rrl: value loss stabilised after %d critic updates (%s); state search starts", stab.since,
+                     stab.reason)
+        return {"rrl/stabilised": stab.stable, "rrl/value_loss_ema": stab.mean, "rrl/value_loss_change": stab.last_change,
+                "rrl/stabilised_now": stab.stable and not was}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"buffer": self.buffer.state_dict(), "stabilisation": self.stabilisation.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            raise ValueError("rrl: the checkpoint holds no replay buffer (written by another method?)")
+        self.buffer.load_state_dict(state["buffer"])
+        self.stabilisation.load_state_dict(state["stabilisation"])
