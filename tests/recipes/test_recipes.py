@@ -23,11 +23,12 @@ NEMO_RECIPES = sorted(p.name for p in RECIPES.glob("*.yaml")
 EXPECTED = {"rise_4b.yaml", "rise_14b.yaml", "rubric_rl_14b.yaml", "ruscarl_14b.yaml", "rise_14b_coupled.yaml",
             "rise_14b_uniform.yaml", "opd_14b_teacher32b.yaml", "opd_4b_teacher14b.yaml", "ppo_math_7b.yaml",
             "grpo_math_qwen3_4b.yaml", "exprl_outcome_qwen3_4b.yaml", "exprl_process_qwen3_4b.yaml",
-            "exprl_stage2_qwen3_4b.yaml"}
+            "exprl_stage2_qwen3_4b.yaml", "rrl_math_7b.yaml"}
 DOCUMENTED_NODES = {"rise_4b.yaml": 2, "rise_14b.yaml": 2, "rubric_rl_14b.yaml": 2, "ruscarl_14b.yaml": 2,
                     "rise_14b_coupled.yaml": 2, "rise_14b_uniform.yaml": 2, "opd_14b_teacher32b.yaml": 3,
                     "opd_4b_teacher14b.yaml": 2, "ppo_math_7b.yaml": 1, "grpo_math_qwen3_4b.yaml": 1,
-                    "exprl_outcome_qwen3_4b.yaml": 2, "exprl_process_qwen3_4b.yaml": 2, "exprl_stage2_qwen3_4b.yaml": 1}
+                    "exprl_outcome_qwen3_4b.yaml": 2, "exprl_process_qwen3_4b.yaml": 2, "exprl_stage2_qwen3_4b.yaml": 1,
+                    "rrl_math_7b.yaml": 1}
 
 
 def load(name: str, *overrides: str) -> dict:
@@ -188,6 +189,21 @@ def test_reasoning_baseline_recipes():
     huge["nemo"]["value"]["megatron_cfg"]["tensor_model_parallel_size"] = 3
     bad = plan_recipe(huge)
     assert any(i.key == "nemo.value.megatron_cfg.tensor_model_parallel_size" for i in bad.issues), bad.issues
+
+
+def test_rrl_recipe_is_the_ppo_baseline_plus_replay():
+    """RRL on MATH: the PPO baseline's model, layout and paper settings, plus the paper's replay settings."""
+    ppo, rrl = load("ppo_math_7b.yaml"), load("rrl_math_7b.yaml")
+    assert rrl["method"] == "rrl" and rrl["backend"] == "nemo"
+    g = rrl["grpo"]
+    assert (g["kl_coef"], g["temperature"], g["top_p"], g["max_new_tokens"]) == (0.001, 0.8, 0.9, 2048)
+    assert rrl["nemo"]["policy"]["megatron_cfg"]["optimizer"]["lr"] == 5e-7
+    assert rrl["nemo"]["value"]["megatron_cfg"]["optimizer"]["lr"] == 1.5e-6
+    assert {k: v for k, v in rrl.items() if k not in ("run", "method", "rrl")} == {
+        k: v for k, v in ppo.items() if k not in ("run", "method", "rrl")}
+    r = rrl["rrl"]
+    assert (r["beta"], r["capacity"], r["state_sources"], r["granularity"]) == (0.4, 5, ["policy", "canonical"], "line")
+    assert plan_recipe(rrl).layout.critic is not None
 
 
 def test_exprl_recipes_carry_the_issue_settings():
