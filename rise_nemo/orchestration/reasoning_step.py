@@ -40,7 +40,7 @@ from rise_nemo.core.value import explained_variance, gae, make_value_loss, termi
 from rise_nemo.interfaces import KIND_NATURAL, Critic, Generator, Policy, Rollout, Verifier
 from rise_nemo.methods import Method
 from rise_nemo.orchestration import exprl
-from rise_nemo.orchestration.samples import reasoning_sample_records
+from rise_nemo.orchestration.samples import reasoning_sample_records, sft_sample_records
 from rise_nemo.orchestration.step import (
     STREAM_NATURAL,
     TrainSample,
@@ -178,6 +178,8 @@ def sft_step(ctx: ReasoningContext, problems: Sequence[ReasoningProblem], step: 
     from rise_nemo.tasks.sft import sft_loss
 
     batch = exprl.sft_reference_batch(ctx, problems)
+    if ctx.samples_per_step:
+        ctx.last_samples = sft_sample_records(step, problems, batch, ctx.samples_per_step)
     t_sample = time.perf_counter()
     train_metrics = ctx.policy.train(batch, sft_loss)
     t_train = time.perf_counter()

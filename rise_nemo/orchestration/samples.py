@@ -86,3 +86,12 @@ def reasoning_sample_records(step: int, problems: Sequence[Any], groups: Sequenc
                 })
             row += int(trained)
     return records
+
+
+def sft_sample_records(step: int, problems: Sequence[Any], batch: Mapping[str, Any], cap: int) -> list[dict[str, Any]]:
+    """The SFT baseline's step trains on the problems' reference solutions (nothing is sampled): one record per
+    problem, row i of ``batch``, with the reference as the response and its trained token count."""
+    trained = batch["token_mask"].sum(1)
+    return [{"step": step, "prompt_id": p.prompt_id, "difficulty": p.difficulty, "response": p.reference_solution,
+             "given_tokens": 0, "sampled_tokens": 0, "trained_tokens": int(trained[i]), "reward": None,
+             "advantage": None, "kind": "sft_reference"} for i, p in enumerate(problems[:cap])]

@@ -206,6 +206,20 @@ def test_sft_step_lowers_the_reference_nll(trainer_for):
     assert losses[-1] < losses[0]
 
 
+def test_sft_run_writes_its_reference_rows_to_samples_jsonl(tmp_path):
+    """Nothing is sampled in SFT, but samples.jsonl still says what each step trained on: the references."""
+    import json
+
+    t = build_trainer(_cfg(tmp_path / "sft", "sft"))
+    assert t.run() == 0
+    records = [json.loads(line) for line in (tmp_path / "sft" / "samples.jsonl").read_text().splitlines()]
+    references = {p.prompt_id: p.reference_solution for p in t.sampler.prompts}
+    assert [r["step"] for r in records] == sorted(r["step"] for r in records) and {r["step"] for r in records} == {1, 2}
+    for r in records:
+        assert r["kind"] == "sft_reference" and r["response"] == references[r["prompt_id"]]
+        assert r["sampled_tokens"] == 0 and r["trained_tokens"] > 0
+
+
 def test_method_registry_settings():
     o, p = get_method("exprl_outcome"), get_method("exprl_process")
     assert o.defaults["grpo.kl_coef"] == p.defaults["grpo.kl_coef"] == 0.001
