@@ -112,6 +112,14 @@ def main() -> int:
             warm_start_policy(cfg, policy, generator, progress=False)
             train, _ = load_prompts(cfg)
             verifier, step_acc = reasoning_tools(cfg)
+            params = SamplingParams(max_new_tokens=int(cfg.grpo.max_new_tokens), temperature=float(cfg.eval.temperature),
+                                    top_p=float(cfg.eval.top_p or 1.0), seed=derive_seed(seed, 0, STREAM_EVAL))
+            if not by_seed[seed]:  # the warm start itself, on this seed's evaluation stream
+                base = evaluate_reasoning(generator, verifier, problems, args.samples, params, step_accuracy=step_acc)
+                by_seed[seed]["warm_start"] = rec = {"seed": seed, "variant": "warm_start", **_levels(base, easy, hard,
+                                                                                                        args.samples)}
+                records.append(rec)
+                print(json.dumps(rec), flush=True)
             method = get_method(str(cfg.method))
             ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier, method=method,
                                    critic=build_critic(cfg, policy), pad_id=_pad_id(generator),
@@ -121,13 +129,9 @@ def main() -> int:
             for step in range(1, args.steps + 1):
                 steps.append(reasoning_train_step(ctx, sampler.next_batch(), step))
             step_times[variant] += [m["time/step_s"] for m in steps]
-            params = SamplingParams(max_new_tokens=int(cfg.grpo.max_new_tokens), temperature=float(cfg.eval.temperature),
-                                    top_p=float(cfg.eval.top_p or 1.0), seed=derive_seed(seed, 0, STREAM_EVAL))
             ev = evaluate_reasoning(generator, verifier, problems, args.samples, params, step_accuracy=step_acc)
-            lv_e, lv_h = ev["levels"][str(easy)], ev["levels"][str(hard)]
             stabilised = next((m["step"] for m in steps if m.get("rrl/stabilised")), None)
-            rec = {"seed": seed, "variant": variant, "easy_pass1": lv_e["pass_at_k"]["1"],
-                   "hard_pass1": lv_h["pass_at_k"]["1"], "hard_pass8": lv_h["pass_at_k"].get(str(min(8, args.samples))),
+            rec = {"seed": seed, "variant": variant, **_levels(ev, easy, hard, args.samples),
                    "train_reward_first5": _mean([m["reward/mean"] for m in steps[:5]]),
                    "train_reward_last5": _mean([m["reward/mean"] for m in steps[-5:]]),
                    "step_s": _mean([m["time/step_s"] for m in steps]),
@@ -140,12 +144,12 @@ def main() -> int:
             records.append(rec)
             print(json.dumps(rec), flush=True)
 
-    print(f"\n{'seed':>4} {'variant':>8} {'easy p@1':>9} {'hard p@1':>9} {'hard p@8':>9} {'step s':>7} "
+    print(f"\n{'seed':>4} {'variant':>10} {'easy p@1':>9} {'hard p@1':>9} {'hard p@8':>9} {'hard acc':>9} {'step s':>7} "
           f"{'replay':>7} {'solved@replay':>13} {'r last5':>8}")
     for r in records:
-        print(f"{r['seed']:>4} {r['variant']:>8} {_f(r['easy_pass1'])} {_f(r['hard_pass1'])} {_f(r['hard_pass8'])} "
-              f"{r['step_s']:7.3f} {_f(r['replay_fraction'], 7)} {_f(r['solve_rate_replayed'], 13)} "
-              f"{_f(r['train_reward_last5'], 8)}")
+        print(f"{r['seed']:>4} {r['variant']:>10} {_f(r['easy_pass1'])} {_f(r['hard_pass1'])} {_f(r['hard_pass8'])} "
+              f"{_f(r.get('hard_step_accuracy'))} {_f(r.get('step_s'), 7)} {_f(r.get('replay_fraction'), 7)} {_f(r.get('solve_rate_replayed'), 13)} "
+              f"{_f(r.get('train_reward_last5'), 8)}")
     p1 = [ratio(s["rrl"]["hard_pass1"], s["ppo"]["hard_pass1"]) for s in by_seed.values()]
     p8 = [ratio(s["rrl"]["hard_pass8"] or 0.0, s["ppo"]["hard_pass8"] or 0.0) for s in by_seed.values()]
     delta = [s["rrl"]["easy_pass1"] - s["ppo"]["easy_pass1"] for s in by_seed.values()]
@@ -156,6 +160,12 @@ def main() -> int:
     print(f"RESULT hard_pass1_ratio={_worst(p1):.4f} hard_pass8_ratio={_worst(p8):.4f} "
           f"easy_pass1_delta={min(delta):.4f} seeds={len(args.seeds)} step_ratio={step_ratio:.4f}")
     return 0
+
+
+def _levels(ev: dict, easy: int, hard: int, samples: int) -> dict:
+    lv_e, lv_h = ev["levels"][str(easy)], ev["levels"][str(hard)]
+    return {"easy_pass1": lv_e["pass_at_k"]["1"], "hard_pass1": lv_h["pass_at_k"]["1"],
+            "hard_pass8": lv_h["pass_at_k"].get(str(min(8, samples))), "hard_step_accuracy": lv_h.get("step_accuracy")}
 
 
 def _worst(values: list[float]) -> float:
