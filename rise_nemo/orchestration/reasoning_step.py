@@ -4,6 +4,8 @@
 
   ppo   G rollouts per problem, sparse verifier reward on the last token, critic values, GAE (core.value),
         clipped PG on per-token advantages, then the critic's clipped value loss
+  rrl   ppo whose rollouts may continue value-selected states from a per-problem replay buffer (the hooks of
+        rise_nemo.orchestration.rrl; docs/DESIGN.md §9)
   grpo  G rollouts per problem, sparse 0/1 verifier reward, group advantages (eq. 1 of RISE-RL / GRPO)
   exprl_outcome / exprl_process / self_distillation / sft   ExpRL's Stage I and its baselines
         (rise_nemo.orchestration.exprl; docs/DESIGN.md §8): the reference judge's scores as group rewards or
