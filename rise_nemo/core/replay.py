@@ -172,7 +172,8 @@ class ValueStabilisation:
     and its relative change c_s = |m_s - m_{s-1}| / max(|m_{s-1}|, 1e-8). The loss is stable once c_s <=
     ``tolerance`` for ``window`` consecutive updates; the ``max_steps``-th update declares it stable whatever
     the curve does (a fallback: a sparse-reward value loss is noisy), and ``max_steps`` 0 means "stable from
-    the start". Once stable it stays stable; ``reason`` says which rule fired and ``since`` at which update.
+    the start". Once stable it stays stable (the EMA and c_s keep moving, for the logs); ``reason`` says which
+    rule fired and ``since`` at which update.
     """
 
     window: int = 3
@@ -193,7 +194,7 @@ class ValueStabilisation:
 
     def update(self, loss: float | None) -> bool:
         """Feed one step's value loss (None: no critic update this step, nothing moves). Returns ``stable``."""
-        if self.stable or loss is None or not math.isfinite(float(loss)):
+        if loss is None or not math.isfinite(float(loss)):
             return self.stable
         self.updates += 1
         loss = float(loss)
@@ -205,9 +206,9 @@ class ValueStabilisation:
             self.last_change = abs(new - self.mean) / max(abs(self.mean), 1e-8)
             self.mean = new
             self.calm = self.calm + 1 if self.last_change <= self.tolerance else 0
-        if self.calm >= self.window:
+        if not self.stable and self.calm >= self.window:
             self.stable, self.reason, self.since = True, f"relative change <= {self.tolerance} for {self.window} steps", self.updates
-        elif self.updates >= self.max_steps:
+        elif not self.stable and self.updates >= self.max_steps:
             self.stable, self.reason, self.since = True, f"max_steps={self.max_steps}", self.updates
         return self.stable
 
