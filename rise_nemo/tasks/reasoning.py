@@ -17,11 +17,13 @@ step boundaries (``step_prefixes``). The answer is checked by ``RuleArithmeticVe
 Warm start (``warm_start_reasoning``): supervised fine-tuning of the tiny model on freshly generated
 instances of EVERY length 1..max_steps (a prototype showed lengths absent from the warm start break down:
 hold out instances, not lengths), in two phases (``ReasoningWarmStartConfig``): first on CLEAN references
-(the model learns the arithmetic), then briefly on references with a fraction ``noise`` of the intermediate
-results replaced by a wrong value (later steps continue from the written value). The noisy phase sets a
-flat per-step accuracy p, so success on an L-step problem is about p**L + guessing: failure comes from
-length, the situation RRL's paper describes. Held-out instances are never used for the warm start. The
-problems keep their CLEAN references (RRL's canonical states, ExpRL's judge); only the SFT targets are noisy.
+(the model learns the arithmetic), then on references with a fraction ``noise`` of the intermediate
+results replaced by a wrong value (the right one + ``noise_offset``; later steps continue from the written
+value). The noisy phase sets a flat per-step accuracy p, so success on an L-step problem is about p**L:
+failure comes from length, the situation RRL's paper describes. (A fixed offset rather than a uniform wrong
+value: the tiny model turns uniform noise into +-1 slips that cancel along a chain; docs/DESIGN.md §7.5.)
+Held-out instances are never used for the warm start. The problems keep their CLEAN references (RRL's
+canonical states, ExpRL's judge); only the SFT targets are noisy.
 """
 
 from __future__ import annotations
