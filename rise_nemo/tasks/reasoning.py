@@ -16,11 +16,14 @@ step boundaries (``step_prefixes``). The answer is checked by ``RuleArithmeticVe
 
 Warm start (``warm_start_reasoning``): supervised fine-tuning of the tiny model on freshly generated
 instances of EVERY length 1..max_steps (a prototype showed lengths absent from the warm start break down:
-hold out instances, not lengths), with a fraction ``noise`` of the references' intermediate results
-replaced by a wrong value (later steps continue from the written value). The noise sets a flat per-step
-accuracy p, so success on an L-step problem is about p**L + guessing: failure comes from length, the
-situation RRL's paper describes. Held-out instances are never used for the warm start. The problems keep
-their CLEAN references (RRL's canonical states, ExpRL's judge); only the SFT targets are noisy.
+hold out instances, not lengths), in two phases (``ReasoningWarmStartConfig``): first on CLEAN references
+(the model learns the arithmetic), then on references with a fraction ``noise`` of the intermediate
+results replaced by a wrong value (the right one + ``noise_offset``; later steps continue from the written
+value). The noisy phase sets a flat per-step accuracy p, so success on an L-step problem is about p**L:
+failure comes from length, the situation RRL's paper describes. (A fixed offset rather than a uniform wrong
+value: the tiny model turns uniform noise into +-1 slips that cancel along a chain; docs/DESIGN.md §7.5.)
+Held-out instances are never used for the warm start. The problems keep their CLEAN references (RRL's
+canonical states, ExpRL's judge); only the SFT targets are noisy.
 """
 
 from __future__ import annotations
@@ -303,13 +306,25 @@ def reference_segment_scores(reference: str, segments: Sequence[str], view: str 
 
 @dataclass
 class ReasoningWarmStartConfig:
-    """``data.warm_start`` keys of the reasoning task (unknown keys raise)."""
+    """``data.warm_start`` keys of the reasoning task (unknown keys raise). Two phases (docs/DESIGN.md §7.5):
+
+    clean  ``steps`` SFT steps on CLEAN references, lr ``lr`` decaying linearly to 10%: the model learns the
+           arithmetic (on noisy targets from the start the tiny model barely learns it);
+    noisy  then ``noise_steps`` steps (0 = none) with a fresh optimiser at ``noise_lr`` (decaying linearly to
+           10%) on references whose intermediate results are wrong with probability ``noise``: this sets the
+           per-step accuracy p, so success on L steps is about p**L.
+
+    The clean phase is cached on its own (it depends on neither noisy-phase key), so warm starts that differ
+    only in the noisy phase share it; each phase draws its instances from its own seeded stream.
+    """
 
     steps: int = 800
     batch_size: int = 32
-    lr: float = 6e-3  # peak; decays linearly to 10%
-    noise: float = 0.25  # probability that an SFT target's intermediate result is replaced by a wrong value
-    clean_fraction: float = 0.0  # the first fraction of the steps trains on clean references (no noise)
+    lr: float = 6e-3  # peak of the clean phase; decays linearly to 10%
+    noise_steps: int = 0
+    noise_lr: float = 1e-3  # peak of the noisy phase; decays linearly to 10%
+    noise: float = 0.25  # probability that a noisy-phase target's intermediate result is replaced by a wrong value
+    noise_offset: int | None = None  # the wrong value: None = uniform over the other residues, d = right value + d
     seed: int = 0
 
     @classmethod
@@ -321,87 +336,135 @@ class ReasoningWarmStartConfig:
                 raise ReasoningTaskError(f"data.warm_start.{key}: unknown key for the reasoning task; known keys: "
                                          f"{sorted(known)}")
         out = cls(**raw)
-        if not 0.0 <= out.clean_fraction < 1.0:
-            raise ReasoningTaskError(f"data.warm_start.clean_fraction: expected a fraction in [0, 1), got "
-                                     f"{out.clean_fraction!r}")
         if not 0.0 <= out.noise < 1.0:
             raise ReasoningTaskError(f"data.warm_start.noise: expected a probability in [0, 1), got {out.noise!r}")
-        for key in ("steps", "batch_size"):
-            if int(getattr(out, key)) < 1:
-                raise ReasoningTaskError(f"data.warm_start.{key}: expected an integer >= 1")
+        for key in ("lr", "noise_lr"):
+            if not float(getattr(out, key)) > 0.0:
+                raise ReasoningTaskError(f"data.warm_start.{key}: expected a learning rate > 0, got {getattr(out, key)!r}")
+        for key, low in (("steps", 0), ("noise_steps", 0), ("batch_size", 1)):
+            if int(getattr(out, key)) < low:
+                raise ReasoningTaskError(f"data.warm_start.{key}: expected an integer >= {low}, got {getattr(out, key)!r}")
+        if out.noise_offset is not None and int(out.noise_offset) < 1:
+            raise ReasoningTaskError(f"data.warm_start.noise_offset: expected null or an integer >= 1, got "
+                                     f"{out.noise_offset!r}")
+        if out.steps + out.noise_steps < 1:
+            raise ReasoningTaskError("data.warm_start.steps: steps + noise_steps must be >= 1")
         return out
 
-    def noise_at(self, step: int) -> float:
-        """SFT target noise at 0-based ``step``: clean references first, then ``noise``. Why: on noisy targets
-        from the start the tiny model learns the arithmetic far more slowly (measured: noise 0.35 for all 800
-        steps left generated steps ~5% correct; clean first, it learns them, and the short noisy phase after
-        only calibrates the per-step error rate)."""
-        return self.noise if step >= self.clean_fraction * self.steps else 0.0
+    def clean_spec(self) -> dict:
+        """What the clean phase depends on (its cache key)."""
+        return {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr, "seed": self.seed}
+
+    def phases(self) -> list[tuple[str, int, float, float]]:
+        """[(name, steps, peak lr, noise)] of the phases that have steps."""
+        out = [("clean", self.steps, self.lr, 0.0), ("noisy", self.noise_steps, self.noise_lr, self.noise)]
+        return [p for p in out if p[1] > 0]
 
 
-def noisy_solution(chain: Chain, noise: float, rng: random.Random) -> str:
+def noisy_solution(chain: Chain, noise: float, rng: random.Random, offset: int | None = None) -> str:
     """The solution with each intermediate result replaced by a wrong value with probability ``noise``;
-    later steps continue from the value written, so every other step stays locally correct."""
+    later steps continue from the value written, so every other step stays locally correct. The wrong
+    value is uniform over the other residues (``offset`` None) or the right one + ``offset`` (mod M)."""
     written, v = [], chain.start
     for op, k in chain.ops:
         v = (v + OPS[op] * k) % chain.modulus
         if rng.random() < noise:
-            v = (v + rng.randrange(1, chain.modulus)) % chain.modulus
+            v = (v + (rng.randrange(1, chain.modulus) if offset is None else offset)) % chain.modulus
         written.append(v)
     return chain.solution_text(written)
 
 
 def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | ReasoningWarmStartConfig | None = None,
                          cache_dir: str | Path | None = None, progress: bool = True) -> dict:
-    """SFT the local policy on noisy references of every length (or load it from the cache).
+    """SFT the local policy: clean references, then noisy ones (``ReasoningWarmStartConfig``), every length;
+    or load it from the cache (the whole warm start, or its clean phase alone).
 
-    Returns {"steps", "final_loss", "train_seconds", "cached", "cache_path"}. Leaves a fresh optimiser
-    at ``local.lr``. Needs the local backend's extras (``policy.engine``, ``generator.encode_response``).
+    Returns {"steps", "noise_steps", "clean_loss", "final_loss", "train_seconds", "cached", "clean_cached",
+    "cache_path"}. Leaves a fresh optimiser at ``local.lr``. Needs the local backend's extras
+    (``policy.engine``, ``generator.encode_response``).
     """
+    wcfg = cfg if isinstance(cfg, ReasoningWarmStartConfig) else ReasoningWarmStartConfig.from_mapping(cfg)
+    if wcfg.noise_offset is not None and wcfg.noise_offset % task.cfg.modulus == 0:
+        raise ReasoningTaskError(f"data.warm_start.noise_offset: {wcfg.noise_offset} is a multiple of the modulus "
+                                 f"{task.cfg.modulus}, so the 'wrong' value would be the right one")
+    base = {"task": task.warm_start_fingerprint(), "model": policy.engine.fingerprint()}
+    root = Path(cache_dir) if cache_dir is not None else None
+    cache = root / f"reasoning_{_digest({**base, 'warm_start': asdict(wcfg)})}" if root is not None else None
+    if cache is not None and (cache / "stats.json").exists():
+        _load_weights(policy, cache)
+        return {**json.loads((cache / "stats.json").read_text()), "cached": True, "cache_path": str(cache)}
+
+    stats = {"steps": wcfg.steps, "noise_steps": wcfg.noise_steps, "clean_loss": float("nan"),
+             "final_loss": float("nan"), "train_seconds": 0.0, "cached": False, "clean_cached": False}
+    for name, steps, lr, noise in wcfg.phases():
+        # the clean phase has its own cache entry, shared by warm starts that differ only in the noisy phase
+        phase_cache = (root / f"reasoning_clean_{_digest({**base, 'clean': wcfg.clean_spec()})}"
+                       if root is not None and name == "clean" else None)
+        if phase_cache is not None and (phase_cache / "stats.json").exists():
+            _load_weights(policy, phase_cache)
+            phase = json.loads((phase_cache / "stats.json").read_text())
+            stats["clean_cached"] = True
+        else:
+            rng = random.Random(f"chain-warm-{wcfg.seed}" + ("" if name == "clean" else f"-{name}"))
+            phase = _sft_phase(policy, generator, task, rng, name, steps, wcfg.batch_size, lr, noise,
+                               wcfg.noise_offset, progress)
+            if phase_cache is not None:
+                _save_weights(policy, phase_cache, phase)
+        stats["train_seconds"] += phase["train_seconds"]
+        stats["final_loss"] = phase["final_loss"]
+        if name == "clean":
+            stats["clean_loss"] = phase["final_loss"]
+    policy.reset_optimizer()
+    policy.train_steps = 0
+    stats["cache_path"] = str(_save_weights(policy, cache, stats)) if cache is not None else ""
+    return stats
+
+
+def _sft_phase(policy, generator, task: ChainTask, rng: random.Random, name: str, steps: int, batch_size: int,
+               lr: float, noise: float, offset: int | None, progress: bool) -> dict:
+    """``steps`` SFT steps from a fresh optimiser, lr decaying linearly from ``lr`` to 10%, on fresh
+    non-held-out instances of every length whose targets carry ``noise``."""
     from tqdm.auto import tqdm
 
     from rise_nemo.tasks.sft import Example, sft_batch, sft_loss
 
-    wcfg = cfg if isinstance(cfg, ReasoningWarmStartConfig) else ReasoningWarmStartConfig.from_mapping(cfg)
-    spec = {"task": task.warm_start_fingerprint(), "model": policy.engine.fingerprint(), "warm_start": asdict(wcfg)}
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-    cache = Path(cache_dir) / f"reasoning_{key}" if cache_dir is not None else None
-    if cache is not None and (cache / "stats.json").exists():
-        policy.model.load_state_dict(torch.load(cache / "model.pt", map_location=policy.engine.device, weights_only=True))
-        policy.reset_optimizer()
-        return {**json.loads((cache / "stats.json").read_text()), "cached": True, "cache_path": str(cache)}
-
-    rng = random.Random(f"chain-warm-{wcfg.seed}")
-    policy.reset_optimizer(lr=wcfg.lr)
+    policy.reset_optimizer(lr=lr)
     entropy_flag, policy.engine.cfg.compute_entropy = policy.engine.cfg.compute_entropy, False
     t0, loss = time.perf_counter(), float("nan")
-    bar = tqdm(range(wcfg.steps), desc="warm start (reasoning)", disable=not progress, mininterval=1.0)
+    bar = tqdm(range(steps), desc=f"warm start (reasoning, {name})", disable=not progress, mininterval=1.0)
     try:
         for step in bar:
             for group in policy.optimizer.param_groups:
-                group["lr"] = wcfg.lr * (1.0 - 0.9 * step / max(wcfg.steps - 1, 1))
+                group["lr"] = lr * (1.0 - 0.9 * step / max(steps - 1, 1))
             examples = []
-            noise = wcfg.noise_at(step)
-            for _ in range(wcfg.batch_size):
+            for _ in range(batch_size):
                 chain = task.sample_sft_chain(rng, rng.randint(1, task.cfg.max_steps))
                 messages = [{"role": "user", "content": chain.prompt_text()}]
-                examples.append(Example(messages, noisy_solution(chain, noise, rng)))
+                examples.append(Example(messages, noisy_solution(chain, noise, rng, offset)))
             loss = policy.train(sft_batch(examples, generator), sft_loss)["sft/nll"]
             bar.set_postfix(nll=f"{loss:.3f}")
     finally:
         policy.engine.cfg.compute_entropy = entropy_flag
+    return {"steps": steps, "final_loss": loss, "train_seconds": time.perf_counter() - t0}
+
+
+def _digest(spec: dict) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _load_weights(policy, cache: Path) -> None:
+    policy.model.load_state_dict(torch.load(cache / "model.pt", map_location=policy.engine.device, weights_only=True))
     policy.reset_optimizer()
-    policy.train_steps = 0
-    stats = {"steps": wcfg.steps, "final_loss": loss, "train_seconds": time.perf_counter() - t0,
-             "cached": False, "cache_path": ""}
-    if cache is not None:
-        tmp = cache.with_name(cache.name + f".tmp{time.time_ns()}")
-        tmp.mkdir(parents=True)
-        torch.save({k: v.detach().cpu() for k, v in policy.model.state_dict().items()}, tmp / "model.pt")
-        (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
-        try:
-            tmp.rename(cache)
-        except OSError:  # another process finished first: keep theirs
-            shutil.rmtree(tmp, ignore_errors=True)
-        stats["cache_path"] = str(cache)
-    return stats
+
+
+def _save_weights(policy, cache: Path, stats: dict) -> Path:
+    """Write model.pt + stats.json atomically (a temporary folder renamed into place)."""
+    tmp = cache.with_name(cache.name + f".tmp{time.time_ns()}")
+    tmp.mkdir(parents=True)
+    torch.save({k: v.detach().cpu() for k, v in policy.model.state_dict().items()}, tmp / "model.pt")
+    (tmp / "stats.json").write_text(json.dumps({**stats, "cache_path": ""}, indent=1))
+    try:
+        tmp.rename(cache)
+    except OSError:  # another process finished first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    return cache

@@ -78,6 +78,16 @@ def test_noisy_references_err_once_per_corrupted_step():
     assert step_accuracy(p, noisy_solution(problem_chain(p), 0.0, rng)) == (12, 12)
 
 
+def test_noise_offset_writes_the_right_value_plus_the_offset():
+    chain = parse_chain("mod 61 start 60 a add 1 b sub 5 c add 2")
+    assert noisy_solution(chain, 0.999, random.Random(0), offset=3) == (
+        "step a add 1 = 3 step b sub 5 = 1 step c add 2 = 6 answer 6")  # each step: previous written + op + 3
+    rng = random.Random(1)
+    firsts = [noisy_solution(chain, 0.999, rng).split()[5] for _ in range(3000)]
+    assert set(firsts) - {"0"} == {str(v) for v in range(1, 61)}  # uniform over the wrong residues
+    assert firsts.count("0") < 15  # the right value (0) only when not corrupted (0.1%)
+
+
 def test_step_prefixes_are_the_clean_reference_cut_at_step_boundaries():
     task = make_chain_task(max_steps=4, heldout_per_level=1)
     p = task.heldout[-1]
@@ -99,9 +109,47 @@ def test_bad_task_keys_name_the_key():
         make_chain_task(max_steps=5, train_levels=[6])
 
 
-def test_warm_start_trains_on_clean_references_first_then_noisy_ones():
-    cfg = ReasoningWarmStartConfig.from_mapping({"steps": 10, "noise": 0.3, "clean_fraction": 0.6})
-    assert [cfg.noise_at(s) for s in range(10)] == [0.0] * 6 + [0.3] * 4
-    assert ReasoningWarmStartConfig.from_mapping({"steps": 4, "noise": 0.3}).noise_at(0) == 0.3  # default: noisy throughout
-    with pytest.raises(ReasoningTaskError, match="data.warm_start.clean_fraction"):
-        ReasoningWarmStartConfig.from_mapping({"clean_fraction": 1.0})
+def test_warm_start_phases_and_their_keys():
+    cfg = ReasoningWarmStartConfig.from_mapping({"steps": 10, "noise_steps": 4, "noise": 0.3, "lr": 2e-3,
+                                                 "noise_lr": 5e-4})
+    assert cfg.phases() == [("clean", 10, 2e-3, 0.0), ("noisy", 4, 5e-4, 0.3)]
+    assert ReasoningWarmStartConfig.from_mapping({"steps": 4, "noise": 0.3}).phases() == [("clean", 4, 6e-3, 0.0)]
+    assert ReasoningWarmStartConfig.from_mapping({"steps": 0, "noise_steps": 3}).phases()[0][0] == "noisy"
+    # the clean phase's cache key ignores the noisy phase
+    assert cfg.clean_spec() == ReasoningWarmStartConfig.from_mapping({"steps": 10, "lr": 2e-3}).clean_spec()
+    for bad, key in (({"noise_steps": -1}, "noise_steps"), ({"noise_lr": 0.0}, "noise_lr"), ({"noise": 1.0}, "noise"),
+                     ({"steps": 0, "noise_steps": 0}, "steps"), ({"clean_fraction": 0.5}, "clean_fraction"),
+                     ({"noise_offset": 0}, "noise_offset")):
+        with pytest.raises(ReasoningTaskError, match=f"data.warm_start.{key}"):
+            ReasoningWarmStartConfig.from_mapping(bad)
+
+
+def test_warm_start_caches_the_clean_phase_for_every_noisy_phase(tmp_path):
+    import torch
+
+    from rise_nemo.backends import build_backend
+    from rise_nemo.config import config_from_dict
+    from rise_nemo.tasks.reasoning import warm_start_reasoning
+
+    cfg = config_from_dict({"data": {"source": "chain_arithmetic"}, "local": {
+        "tokenizer": "builtin:reasoning_task", "num_threads": 1,
+        "tiny": {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16, "intermediate_size": 64}}})
+    task = make_chain_task(max_steps=3, heldout_per_level=2)
+
+    def run(**over):
+        policy, gen = build_backend(cfg)
+        stats = warm_start_reasoning(policy, gen, task, {"steps": 3, "batch_size": 4, **over}, cache_dir=tmp_path,
+                                     progress=False)
+        return stats, {k: v.clone() for k, v in policy.model.state_dict().items()}
+
+    clean, w_clean = run()
+    a, w_a = run(noise_steps=2, noise=0.3)
+    b, w_b = run(noise_steps=2, noise=0.5)
+    again, w_again = run(noise_steps=2, noise=0.3)
+    assert not clean["clean_cached"] and a["clean_cached"] and b["clean_cached"] and again["cached"]
+    assert a["clean_loss"] == b["clean_loss"] == clean["final_loss"]
+    assert all(torch.equal(w_a[k], w_again[k]) for k in w_a)
+    assert not all(torch.equal(w_a[k], w_clean[k]) for k in w_a)  # the noisy phase trained
+    assert not all(torch.equal(w_a[k], w_b[k]) for k in w_a)  # on its own noise
+    with pytest.raises(ReasoningTaskError, match="data.warm_start.noise_offset"):
+        run(noise_steps=1, noise_offset=61)  # the task's modulus
