@@ -22,7 +22,7 @@ Measured:
 Ends with
     RESULT hard_pass1_ratio=... hard_pass8_ratio=... easy_pass1_delta=... seeds=3 step_ratio=...
 
-Usage: python bench/embedded_rrl.py [--steps 20] [--seeds 0 1 2] [--samples 8] [--eval-per-level N]
+Usage: python bench/embedded_rrl.py [--steps 20] [--seeds 0 1 2] [--samples 16] [--eval-per-level N]
        [--variants ppo rrl rrl_cs rrl_pgs] [--out F] [key=value ...]
 """
 
@@ -52,7 +52,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--samples", type=int, default=8, help="samples per held-out problem (>= 8 for pass@8)")
+    p.add_argument("--samples", type=int, default=16, help="samples per held-out problem (>= 8 for pass@8)")
     p.add_argument("--eval-per-level", type=int, default=None, help="held-out problems per level (default: all)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--out", default=None, help="write every measurement as JSON here")
