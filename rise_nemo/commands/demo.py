@@ -250,13 +250,20 @@ def reasoning_comparison_table(rows: list[dict]) -> str:
     def cell(row, levels, k):
         return f"{pct(pooled_pass_at_k(row['before'], levels, k)):>6} -> {pct(pooled_pass_at_k(row['after'], levels, k)):>6}"
 
+    def levels_name(levels):
+        ordered = sorted(levels)
+        return (f"L{ordered[0]}-{ordered[-1]}" if ordered == list(range(ordered[0], ordered[-1] + 1))
+                else "L" + ",".join(map(str, ordered)))
+
     first = rows[0]
     hardest = max(int(k) for k in first["after"]["levels"])
-    train = first["train_levels"]
-    span = f"L{min(train)}-{max(train)}" if train == list(range(min(train), max(train) + 1)) else \
-        "L" + ",".join(map(str, train))
+    spans = {row["method"]: levels_name(row["train_levels"]) for row in rows}
+    if len(set(spans.values())) == 1:  # one header label when every method trains on the same levels
+        span, levels_text = next(iter(spans.values())), f"training levels {next(iter(spans.values()))}"
+    else:
+        span, levels_text = "train", "training levels " + ", ".join(f"{m} {s}" for m, s in spans.items())
     n = first["after"]["samples_per_problem"]
-    lines = ["", f"Held-out pass@k, warm start -> after training ({n} samples per problem; training levels {span}, "
+    lines = ["", f"Held-out pass@k, warm start -> after training ({n} samples per problem; {levels_text}, "
                  f"hardest level L{hardest}):", "",
              f"{'method':<8} {'steps':>5} {span + ' pass@1':>16} {span + ' pass@8':>16} "
              f"{f'L{hardest} pass@1':>16} {f'L{hardest} pass@8':>16} {'train s':>8}  run directory"]

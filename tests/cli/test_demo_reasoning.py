@@ -90,3 +90,23 @@ def test_demo_rejects_an_unknown_task(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "argument --task: invalid choice: 'math'" in err and "reasoning" in err and "rubric" in err
+
+
+def test_comparison_table_pools_each_methods_own_training_levels():
+    from pathlib import Path
+
+    from rise_nemo.commands.demo import reasoning_comparison_table
+
+    def result(step, p1):  # pass@1 = p1 * level, pass@8 = 0.5 on levels 1..4, 2 problems each
+        return {"step": step, "samples_per_problem": 8,
+                "levels": {str(lv): {"problems": 2, "pass_at_k": {"1": p1 * lv, "8": 0.5}} for lv in range(1, 5)}}
+
+    rows = [{"method": "ppo", "run_dir": Path("runs/d/ppo"), "seconds": 3.0, "train_levels": [3, 4],
+             "before": result(0, 0.01), "after": result(2, 0.1)},
+            {"method": "rrl", "run_dir": Path("runs/d/rrl"), "seconds": 4.0, "train_levels": [2, 4],
+             "before": result(0, 0.01), "after": result(2, 0.1)}]
+    table = reasoning_comparison_table(rows)
+    assert "training levels ppo L3-4, rrl L2,4, hardest level L4" in table
+    assert re.search(r"^ppo\s+2\s+3\.5% ->\s+35\.0%\s+50\.0% ->\s+50\.0%\s+4\.0% ->\s+40\.0%\s+50\.0% ->\s+50\.0%"
+                     r"\s+3\s+runs/d/ppo$", table, re.M), table
+    assert re.search(r"^rrl\s+2\s+3\.0% ->\s+30\.0%", table, re.M), table
