@@ -1,4 +1,5 @@
-# Quickstart: `make demo` (embedded end-to-end RISE-RL on CPU) and `make test` (the full test suite).
+# Quickstart: `make demo` (embedded end-to-end RISE-RL on CPU), `make demo-reasoning` (the embedded reasoning
+# task's warm start and PPO / sparse GRPO, pass@k before vs after) and `make test` (the full test suite).
 # Both create ./.venv on first use (CPU torch pinned by .ci/constraints-cpu.txt).
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +10,7 @@ export TOKENIZERS_PARALLELISM := false
 # Ray must stay on loopback (docs/DESIGN.md §5).
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 
-.PHONY: install test lint unit demo bench clean
+.PHONY: install test lint unit demo demo-reasoning bench clean
 
 $(BIN)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +31,9 @@ test: lint
 
 demo: install
 	$(BIN)/rise-nemo demo
+
+demo-reasoning: install
+	$(BIN)/rise-nemo demo --task reasoning
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

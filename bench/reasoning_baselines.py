@@ -47,15 +47,19 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from rise_nemo.backends import build_backend, build_critic
+    from rise_nemo.backends import build_critic
     from rise_nemo.config import load_config
-    from rise_nemo.interfaces import SamplingParams
     from rise_nemo.methods import get_method
-    from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools, warm_start_policy
-    from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning, format_reasoning_eval
+    from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools
+    from rise_nemo.orchestration.reasoning_eval import format_reasoning_eval
     from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
-    from rise_nemo.orchestration.step import STREAM_EVAL, derive_seed
-    from rise_nemo.orchestration.trainer import _pad_id, seed_everything
+    from rise_nemo.orchestration.reasoning_warm_start import (
+        evaluate_heldout,
+        format_warm_start_properties,
+        warm_start_properties,
+        warm_started_backend,
+    )
+    from rise_nemo.orchestration.trainer import _pad_id
 
     args = parse_args()
     recipes = REPO / "recipes"
@@ -63,16 +67,10 @@ def main() -> int:
 
     def setup(method: str, seed: int):
         cfg = load_config(recipes / RECIPES[method], [f"run.seed={seed}", f"train.steps={args.steps}", *args.overrides])
-        seed_everything(seed)
-        policy, generator = build_backend(cfg)
-        stats = warm_start_policy(cfg, policy, generator, progress=False)
-        return cfg, policy, generator, stats
+        return (cfg, *warm_started_backend(cfg, progress=False))
 
-    def evaluate(cfg, generator, problems, seed: int):
-        verifier, step_acc = reasoning_tools(cfg)
-        params = SamplingParams(max_new_tokens=int(cfg.grpo.max_new_tokens), temperature=float(cfg.eval.temperature),
-                                top_p=float(cfg.eval.top_p or 1.0), seed=derive_seed(seed, 0, STREAM_EVAL))
-        return evaluate_reasoning(generator, verifier, problems, args.samples, params, step_accuracy=step_acc)
+    def evaluate(cfg, generator, problems):  # the step-0 evaluation stream of cfg's run.seed
+        return evaluate_heldout(cfg, generator, problems, args.samples)
 
     base_cfg, policy, generator, stats = setup("grpo", args.seeds[0])
     print(f"warm start: {stats}", flush=True)
@@ -80,11 +78,11 @@ def main() -> int:
     _, heldout = load_prompts(base_cfg)
     max_level = max(p.difficulty for p in heldout)
     # The warm start's properties: the short (1-step) and the longest level, every held-out problem.
-    base_all = evaluate(base_cfg, generator, [p for p in heldout if p.difficulty in (1, max_level)], args.seeds[0])
+    base_all = evaluate(base_cfg, generator, [p for p in heldout if p.difficulty in (1, max_level)])
     print(format_reasoning_eval(base_all), flush=True)
-    short_pass1 = base_all["levels"]["1"]["pass_at_k"]["1"]
-    long_level = base_all["levels"][str(max_level)]
-    long_pass1, long_pass8 = long_level["pass_at_k"]["1"], long_level["pass_at_k"].get("8")
+    props = warm_start_properties(base_all)
+    print(format_warm_start_properties(props), flush=True)
+    short_pass1, long_pass1, long_pass8 = props["short_pass1"], props["long_pass1"], props["long_pass8"]
     hard = [p for p in heldout if p.difficulty in train_levels]
     if args.eval_per_level:
         hard = [p for lv in sorted(train_levels) for p in [q for q in hard if q.difficulty == lv][: args.eval_per_level]]
@@ -98,7 +96,7 @@ def main() -> int:
         for method in args.methods:
             cfg, policy, generator, _ = setup(method, seed)
             if base is None:
-                base = evaluate(cfg, generator, hard, seed)["pass_at_1"]
+                base = evaluate(cfg, generator, hard)["pass_at_1"]
             train, _ = load_prompts(cfg)
             verifier, _ = reasoning_tools(cfg)
             m = get_method(method)
@@ -111,7 +109,7 @@ def main() -> int:
             for step in range(1, args.steps + 1):
                 metrics = reasoning_train_step(ctx, sampler.next_batch(), step)
                 rewards.append(metrics["reward/mean"])
-            after = evaluate(cfg, generator, hard, seed)["pass_at_1"]
+            after = evaluate(cfg, generator, hard)["pass_at_1"]
             gains[method].append(after - base)
             rec = {"seed": seed, "method": method, "base_pass1": base, "after_pass1": after, "gain": after - base,
                    "train_reward_first5": sum(rewards[:5]) / 5, "train_reward_last5": sum(rewards[-5:]) / 5,
