@@ -125,6 +125,9 @@ class PpoCfg:
     value_clip: float | None = 0.2  # clip range of the value loss around the critic's old values; null = off
     critic_lr: float = 1e-4  # local critic's AdamW learning rate (NeMo-RL: the value model's optimizer block)
     critic_updates: int = 1  # critic optimiser steps per training step
+    # verl's trainer.critic_warmup: during steps 1..K the critic trains on the step's rollouts and the policy is
+    # not updated (docs/DESIGN.md §7); 0 = off. Only the step number decides, so a resume is exact.
+    critic_warmup_steps: int = 0
 
 
 @dataclass
@@ -263,6 +266,7 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "ppo.value_clip": (lambda v: v > 0, "> 0 or null"),
     "ppo.critic_lr": (lambda v: v > 0, "> 0"),
     "ppo.critic_updates": (lambda v: v >= 1, ">= 1"),
+    "ppo.critic_warmup_steps": (lambda v: v >= 0, ">= 0 (0 = no warm-up)"),
     "train.steps": (lambda v: v >= 0, ">= 0"),
     "train.checkpoint_every": (lambda v: v >= 0, ">= 0"),
     "train.keep_checkpoints": (lambda v: v >= 0, ">= 0"),

@@ -3,7 +3,8 @@
 ``reasoning_train_step`` reads top to bottom; which method runs is configuration (rise_nemo.methods):
 
   ppo   G rollouts per problem, sparse verifier reward on the last token, critic values, GAE (core.value),
-        clipped PG on per-token advantages, then the critic's clipped value loss
+        clipped PG on per-token advantages, then the critic's clipped value loss; during the first
+        ``ppo.critic_warmup_steps`` steps only the critic trains (verl's critic warm-up; every critic method)
   rrl   ppo whose rollouts may continue value-selected states from a per-problem replay buffer (the hooks of
         rise_nemo.orchestration.rrl; docs/DESIGN.md §9)
   grpo  G rollouts per problem, sparse 0/1 verifier reward, group advantages (eq. 1 of RISE-RL / GRPO)
@@ -146,8 +147,11 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
     extra.update(ctx.hooks.after_score(ctx, problems, groups, rewards, valid, batch))
     if ctx.samples_per_step:
         ctx.last_samples = reasoning_sample_records(step, problems, groups, rewards, valid, batch, ctx.samples_per_step)
-    train_metrics = ctx.policy.train(batch, make_policy_loss_fn(ctx.cfg))
+    warmup = critic_warmup(ctx, step)
+    train_metrics = {} if warmup else ctx.policy.train(batch, make_policy_loss_fn(ctx.cfg))
     if ctx.critic is not None:
+        if int(ctx.cfg.ppo.critic_warmup_steps) > 0:  # off (0): the metrics stay exactly as before
+            train_metrics["critic/warmup"] = warmup
         value_loss = make_value_loss(ctx.cfg.ppo.value_clip)
         for _ in range(int(ctx.cfg.ppo.critic_updates)):
             train_metrics.update(ctx.critic.train(batch, value_loss))
@@ -155,6 +159,12 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
     t_train = time.perf_counter()
     return reasoning_metrics(step, groups, rewards, valid, batch, {**train_metrics, **extra},
                              times=(t_start, t_sample, t_train))
+
+
+def critic_warmup(ctx: ReasoningContext, step: int) -> bool:
+    """verl's ``trainer.critic_warmup``: the first ``ppo.critic_warmup_steps`` steps (1-based) train only the
+    critic; the policy is not updated. A function of the step number only, so resume is exact."""
+    return ctx.critic is not None and step <= int(ctx.cfg.ppo.critic_warmup_steps)
 
 
 def place_token_advantages(batch: dict[str, torch.Tensor], groups, valid: torch.Tensor,

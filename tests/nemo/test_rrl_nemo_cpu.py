@@ -82,3 +82,33 @@ def test_rrl_step_on_the_nemo_backend_pieces():
     assert m2["rrl/states_added"] == 0  # replayed rollouts push nothing, the canonical state is there already
     assert all(s.counter == 2 for p in problems for s in ctx.hooks.buffer.get(p.prompt_id))
 
+
+
+def test_critic_warmup_on_the_nemo_backend_pieces():
+    """``ppo.critic_warmup_steps=1``: step 1 trains only the value model (no ``policy.train``, so no optimiser or
+    LR-scheduler step of the policy) and step 2 generates without a refit (vLLM's weights are still current);
+    step 2 is an ordinary step whose policy update forces the refit before step 3."""
+    events: list[str] = []
+    tok = make_tokenizer()
+    session = NemoSession(CpuMegatronPolicy(len(tok), 2, events), CpuVllm(len(tok), MAX_NEW, tok.pad_token_id,
+                                                                          tok.eos_token_id, events),
+                          tok, master_config(MAX_NEW, 2), refit=make_refit(events), to_batched=dict)
+    value = CpuValue(len(tok), 2, events)
+    critic = NemoCritic(session, value, {"train_micro_batch_size": 2, "logprob_batch_size": 2,
+                                         "make_sequence_length_divisible_by": 4})
+    cfg = config_from_dict(chain_recipe("ppo", group_size=2, max_new_tokens=MAX_NEW),
+                           ["grpo.kl_coef=0", "grpo.temperature=1.0", "grpo.top_p=1.0", "ppo.critic_warmup_steps=1"])
+    problems = [ReasoningProblem(f"q{i}", ({"role": "user", "content": f"describe the {topic}"},), REFERENCE, "x", 1)
+                for i, topic in enumerate(("river", "sun"))]
+    ctx = ReasoningContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
+                           method=get_method("ppo"), critic=critic, pad_id=tok.pad_token_id)
+    policy_w = session.policy.model.table.clone()
+    m1 = reasoning_train_step(ctx, problems, 1)
+    assert m1["critic/warmup"] == 1.0 and events.count("policy.train") == 0 and events.count("value.train") == 1
+    assert torch.equal(session.policy.model.table, policy_w) and not session.stale
+    refits = events.count("refit")
+    m2 = reasoning_train_step(ctx, problems, 2)
+    assert events.count("refit") == refits  # no policy update in step 1: vLLM still holds the current weights
+    assert m2["critic/warmup"] == 0.0 and events.count("policy.train") == 1 and events.count("value.train") == 2
+    reasoning_train_step(ctx, problems, 3)
+    assert events.count("refit") == refits + 1
