@@ -35,6 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench._cli import parse_with_overrides  # noqa: E402
+
 STAGE2 = ["grpo.kl_coef=0.0", "grpo.temperature=0.8"]  # ExpRL's Stage II: sparse GRPO, KL 0, temperature 0.8
 
 
@@ -50,7 +52,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--judge-steps", type=int, default=2, help="Stage I steps measured against the loopback judge")
     p.add_argument("--out", default=None, help="write every measurement as JSON here")
     p.add_argument("overrides", nargs="*", help="recipe overrides for every arm, e.g. local.lr=2e-4")
-    return p.parse_args()
+    return parse_with_overrides(p)
 
 
 def main() -> int:

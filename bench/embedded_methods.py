@@ -30,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench._cli import parse_with_overrides  # noqa: E402
+
 RECIPES = {
     "rubric_rl": "rubric_rl_tiny_cpu.yaml",
     "rise": "rise_tiny_cpu.yaml",  # RISE-RL with the project's defaults (the RESULT line's method)
@@ -65,7 +67,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default="/tmp/rise_bench_embedded")
     p.add_argument("--threads", type=int, default=2, help="torch threads (1 when several benches share the cores)")
     p.add_argument("overrides", nargs="*", help="extra recipe overrides for every run (key=value)")
-    return p.parse_args()
+    return parse_with_overrides(p)
 
 
 def config(method: str, seed: int, run_dir: Path, args, extra=()):

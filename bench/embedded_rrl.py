@@ -39,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench._cli import parse_with_overrides  # noqa: E402
+
 RECIPE = "rrl_chain_tiny_cpu.yaml"
 VARIANTS = {
     "ppo": ["method=ppo"],
@@ -57,7 +59,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--out", default=None, help="write every measurement as JSON here")
     p.add_argument("overrides", nargs="*", help="recipe overrides for every variant, e.g. rrl.beta=0.3")
-    return p.parse_args()
+    return parse_with_overrides(p)
 
 
 def ratio(a: float, b: float) -> float:

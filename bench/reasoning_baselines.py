@@ -27,6 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench._cli import parse_with_overrides  # noqa: E402
+
 RECIPES = {"ppo": "ppo_chain_tiny_cpu.yaml", "grpo": "grpo_chain_tiny_cpu.yaml"}
 
 
@@ -40,7 +42,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--methods", nargs="+", default=["ppo", "grpo"], choices=sorted(RECIPES))
     p.add_argument("--out", default=None, help="write every measurement as JSON here")
     p.add_argument("overrides", nargs="*", help="recipe overrides, e.g. local.lr=2e-4")
-    return p.parse_args()
+    return parse_with_overrides(p)
 
 
 def main() -> int:

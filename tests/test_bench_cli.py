@@ -1,0 +1,32 @@
+"""The benches' shared command line (bench/_cli.py): overrides may follow a nargs="+" option."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._cli import parse_with_overrides  # noqa: E402
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    p.add_argument("--variants", nargs="+", choices=["ppo", "rrl"], default=["ppo"])
+    p.add_argument("--out", default=None)
+    p.add_argument("overrides", nargs="*")
+    return p
+
+
+def test_overrides_after_a_greedy_option_are_overrides_not_choices():
+    args = parse_with_overrides(_parser(), ["--variants", "ppo", "rrl", "ppo.critic_updates=4", "--out", "F", "a=1"])
+    assert args.variants == ["ppo", "rrl"] and args.out == "F"
+    assert args.overrides == ["ppo.critic_updates=4", "a=1"]
+
+
+def test_a_bad_choice_is_still_an_argparse_error():
+    with pytest.raises(SystemExit):
+        parse_with_overrides(_parser(), ["--variants", "ppo", "nope"])
