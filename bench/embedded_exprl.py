@@ -59,18 +59,15 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from rise_nemo.backends import build_backend
     from rise_nemo.config import load_config
-    from rise_nemo.interfaces import SamplingParams
     from rise_nemo.judges.reference import RuleReferenceJudge, build_reference_judge
     from rise_nemo.judges.rule_server import RuleGraderServer
     from rise_nemo.methods import get_method
-    from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools, warm_start_policy
+    from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools
     from rise_nemo.orchestration.pipeline import start_next_stage
-    from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning
     from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
-    from rise_nemo.orchestration.step import STREAM_EVAL, derive_seed
-    from rise_nemo.orchestration.trainer import _pad_id, seed_everything
+    from rise_nemo.orchestration.reasoning_warm_start import evaluate_heldout, warm_started_backend
+    from rise_nemo.orchestration.trainer import _pad_id
 
     args = parse_args()
     recipes = REPO / "recipes"
@@ -82,10 +79,7 @@ def main() -> int:
 
     def fresh(seed: int):
         cfg = config("grpo_chain_tiny_cpu.yaml", seed)
-        seed_everything(seed)
-        policy, generator = build_backend(cfg)
-        stats = warm_start_policy(cfg, policy, generator, progress=False)
-        return cfg, policy, generator, stats
+        return (cfg, *warm_started_backend(cfg))
 
     def train(cfg, policy, generator, steps: int, seed: int, judge=None) -> list[dict]:
         train_set, _ = load_prompts(cfg)
@@ -95,11 +89,8 @@ def main() -> int:
         sampler = PromptSampler(train_set, int(cfg.grpo.prompts_per_step), seed, True)
         return [reasoning_train_step(ctx, sampler.next_batch(), step) for step in range(1, steps + 1)]
 
-    def evaluate(cfg, generator, problems, n: int, seed: int):
-        verifier, step_acc = reasoning_tools(cfg)
-        params = SamplingParams(max_new_tokens=int(cfg.grpo.max_new_tokens), temperature=float(cfg.eval.temperature),
-                                top_p=float(cfg.eval.top_p or 1.0), seed=derive_seed(seed, 0, STREAM_EVAL))
-        return evaluate_reasoning(generator, verifier, problems, n, params, step_accuracy=step_acc)
+    def evaluate(cfg, generator, problems, n: int):  # the step-0 evaluation stream of cfg's run.seed
+        return evaluate_heldout(cfg, generator, problems, n)
 
     base_cfg, _, _, stats = fresh(args.seeds[0])
     print(f"warm start: {stats}", flush=True)
@@ -124,8 +115,8 @@ def main() -> int:
     for seed in args.seeds:
         rec: dict = {"seed": seed}
         cfg, policy, generator, _ = fresh(seed)
-        base_hard = evaluate(cfg, generator, hard, args.samples, seed)
-        base_top = evaluate(cfg, generator, top, args.final_samples, seed)
+        base_hard = evaluate(cfg, generator, hard, args.samples)
+        base_top = evaluate(cfg, generator, top, args.final_samples)
         rec["base"] = {"hard_pass8": pass8(base_hard), "hard_pass1": base_hard["pass_at_1"],
                        "hardest_pass1": top_pass1(base_top)}
 
@@ -134,11 +125,11 @@ def main() -> int:
         c1 = config(stage1_recipe, seed)
         judge = RuleReferenceJudge()
         m1 = train(c1, policy, generator, s1, seed, judge=judge)
-        after1 = evaluate(cfg, generator, hard, args.samples, seed)
+        after1 = evaluate(cfg, generator, hard, args.samples)
         start_next_stage(policy)
         c2 = config("grpo_chain_tiny_cpu.yaml", seed, *STAGE2)
         m2 = train(c2, policy, generator, s2, seed)
-        final = evaluate(cfg, generator, top, args.final_samples, seed)
+        final = evaluate(cfg, generator, top, args.final_samples)
         rec["exprl"] = {"stage1_hard_pass8": pass8(after1), "stage1_hard_pass1": after1["pass_at_1"],
                         "stage1_step_accuracy": _step_acc(after1), "hardest_pass1": top_pass1(final),
                         "stage1_reward_first": m1[0]["reward/mean"], "stage1_reward_last": m1[-1]["reward/mean"],
@@ -150,7 +141,7 @@ def main() -> int:
         t = time.perf_counter()
         cfg, policy, generator, _ = fresh(seed)
         m = train(config("grpo_chain_tiny_cpu.yaml", seed, *STAGE2), policy, generator, s1 + s2, seed)
-        final = evaluate(cfg, generator, top, args.final_samples, seed)
+        final = evaluate(cfg, generator, top, args.final_samples)
         rec["grpo"] = {"hardest_pass1": top_pass1(final), "reward_last": m[-1]["reward/mean"],
                        "seconds": time.perf_counter() - t}
 
@@ -158,10 +149,10 @@ def main() -> int:
         t = time.perf_counter()
         cfg, policy, generator, _ = fresh(seed)
         msft = train(config("sft_chain_tiny_cpu.yaml", seed), policy, generator, s1, seed)
-        after_sft = evaluate(cfg, generator, hard, args.samples, seed)
+        after_sft = evaluate(cfg, generator, hard, args.samples)
         start_next_stage(policy)
         train(config("grpo_chain_tiny_cpu.yaml", seed, *STAGE2), policy, generator, s2, seed)
-        final = evaluate(cfg, generator, top, args.final_samples, seed)
+        final = evaluate(cfg, generator, top, args.final_samples)
         rec["sft_grpo"] = {"stage1_hard_pass8": pass8(after_sft), "stage1_step_accuracy": _step_acc(after_sft),
                            "hardest_pass1": top_pass1(final), "sft_nll_last": msft[-1].get("sft/nll"),
                            "seconds": time.perf_counter() - t}

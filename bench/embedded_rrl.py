@@ -72,16 +72,14 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    from rise_nemo.backends import build_backend, build_critic
+    from rise_nemo.backends import build_critic
     from rise_nemo.config import load_config
-    from rise_nemo.interfaces import SamplingParams
     from rise_nemo.methods import get_method
-    from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools, warm_start_policy
-    from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning
+    from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools
     from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
+    from rise_nemo.orchestration.reasoning_warm_start import evaluate_heldout, warm_started_backend
     from rise_nemo.orchestration.rrl import make_step_hooks
-    from rise_nemo.orchestration.step import STREAM_EVAL, derive_seed
-    from rise_nemo.orchestration.trainer import _pad_id, seed_everything
+    from rise_nemo.orchestration.trainer import _pad_id
 
     args = parse_args()
     if "ppo" not in args.variants or "rrl" not in args.variants:
@@ -109,15 +107,11 @@ def main() -> int:
         by_seed[seed] = {}
         for variant in args.variants:
             cfg = config(variant, seed)
-            seed_everything(seed)
-            policy, generator = build_backend(cfg)
-            warm_start_policy(cfg, policy, generator, progress=False)
+            policy, generator, _ = warm_started_backend(cfg)
             train, _ = load_prompts(cfg)
-            verifier, step_acc = reasoning_tools(cfg)
-            params = SamplingParams(max_new_tokens=int(cfg.grpo.max_new_tokens), temperature=float(cfg.eval.temperature),
-                                    top_p=float(cfg.eval.top_p or 1.0), seed=derive_seed(seed, 0, STREAM_EVAL))
-            if not by_seed[seed]:  # the warm start itself, on this seed's evaluation stream
-                base = evaluate_reasoning(generator, verifier, problems, args.samples, params, step_accuracy=step_acc)
+            verifier, _ = reasoning_tools(cfg)
+            if not by_seed[seed]:  # the warm start itself, on this seed's (step-0) evaluation stream
+                base = evaluate_heldout(cfg, generator, problems, args.samples)
                 by_seed[seed]["warm_start"] = rec = {"seed": seed, "variant": "warm_start", **_levels(base, easy, hard,
                                                                                                         args.samples)}
                 records.append(rec)
@@ -131,7 +125,7 @@ def main() -> int:
             for step in range(1, args.steps + 1):
                 steps.append(reasoning_train_step(ctx, sampler.next_batch(), step))
             step_times[variant] += [m["time/step_s"] for m in steps]
-            ev = evaluate_reasoning(generator, verifier, problems, args.samples, params, step_accuracy=step_acc)
+            ev = evaluate_heldout(cfg, generator, problems, args.samples)  # the same stream as the warm start's
             stabilised = next((m["step"] for m in steps if m.get("rrl/stabilised")), None)
             rec = {"seed": seed, "variant": variant, **_levels(ev, easy, hard, args.samples),
                    "train_reward_first5": _mean([m["reward/mean"] for m in steps[:5]]),
