@@ -19,13 +19,9 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import shutil
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-
-import torch
 
 from rise_nemo.core.prompts import build_privileged_prompt
 from rise_nemo.core.rubric import RubricPrompt
@@ -41,7 +37,7 @@ from rise_nemo.data.persistent_task import (
     _tagged,
 )
 from rise_nemo.interfaces import JudgeRequest, SamplingParams
-from rise_nemo.tasks.sft import Example, sft_batch, sft_loss
+from rise_nemo.tasks.sft import Example, load_weights, save_weights, sft_phase
 
 
 def _feedback_like(prompt: RubricPrompt, task: PersistentTask, rng: random.Random) -> list[int]:
@@ -83,7 +79,7 @@ class WarmStartConfig:
 
     steps: int = 400
     batch_size: int = 32
-    lr: float = 6e-3  # peak; decays linearly to 10% (see _lr_scale)
+    lr: float = 6e-3  # peak; decays linearly to 10% (tasks.sft.sft_phase)
     hinted_fraction: float = 0.5
     unprompted_rate: float = 0.015  # per pool behaviour, in unhinted targets
     natural_negative_rate: float = 0.03  # "guaranteed" in unhinted targets
@@ -158,66 +154,30 @@ def warm_start(policy, generator, task: PersistentTask, cfg: Mapping | WarmStart
 
     Needs the local backend's extras (``policy.engine``, ``generator.encode_response``).
     """
-    from tqdm.auto import tqdm
-
     wcfg = cfg if isinstance(cfg, WarmStartConfig) else WarmStartConfig.from_mapping(cfg)
     cache = Path(cache_dir) / f"warm_{_cache_key(task, policy, wcfg)}" if cache_dir is not None else None
     if cache is not None and (cache / "stats.json").exists():
-        policy.model.load_state_dict(torch.load(cache / "model.pt", map_location=policy.engine.device, weights_only=True))
-        policy.reset_optimizer()
+        load_weights(policy, cache)
         stats = WarmStartStats(**{**json.loads((cache / "stats.json").read_text()), "cached": True,
                                   "cache_path": str(cache)})
         print(stats.summary())
         return stats
 
     rng = random.Random(wcfg.seed)
-    policy.reset_optimizer(lr=wcfg.lr)
-    entropy_flag, policy.engine.cfg.compute_entropy = policy.engine.cfg.compute_entropy, False  # not needed here
-    t0 = time.perf_counter()
-    bar = tqdm(range(wcfg.steps), desc="warm start", disable=not progress, mininterval=1.0)
-    loss = float("nan")
-    try:
-        for step in bar:
-            _set_lr(policy, wcfg.lr * _lr_scale(step, wcfg.steps))
-            examples = [make_example(task, rng.choice(task.warmup), rng.random() < wcfg.hinted_fraction, rng, wcfg)
-                        for _ in range(wcfg.batch_size)]
-            loss = policy.train(sft_batch(examples, generator), sft_loss)["sft/nll"]
-            bar.set_postfix(nll=f"{loss:.3f}")
-    finally:
-        policy.engine.cfg.compute_entropy = entropy_flag
-    train_s = time.perf_counter() - t0
+    loss, train_s = sft_phase(
+        policy, generator, wcfg.steps, wcfg.lr,
+        lambda: [make_example(task, rng.choice(task.warmup), rng.random() < wcfg.hinted_fraction, rng, wcfg)
+                 for _ in range(wcfg.batch_size)],
+        "warm start", progress)
     policy.reset_optimizer()
     policy.train_steps = 0  # RL step counting starts after the warm start
     rates = measure_rates(generator, task, wcfg, progress=progress)
     stats = WarmStartStats(**rates, steps=wcfg.steps, final_loss=loss, train_seconds=train_s)
     if cache is not None:
-        _save_cache(cache, policy, stats)
+        save_weights(policy, cache, asdict(stats))
         stats.cache_path = str(cache)
     print(stats.summary())
     return stats
-
-
-def _lr_scale(step: int, steps: int) -> float:
-    """Linear decay from 1 to 0.1 over the warm start: a noisy constant-lr end blurs rare-vs-hinted
-    behaviour, a decayed one settles it."""
-    return 1.0 - 0.9 * step / max(steps - 1, 1)
-
-
-def _set_lr(policy, lr: float) -> None:
-    for group in policy.optimizer.param_groups:
-        group["lr"] = lr
-
-
-def _save_cache(cache: Path, policy, stats: WarmStartStats) -> None:
-    """Write model + stats to a temp folder, then rename it into place (a crash never leaves half a cache)."""
-    tmp = cache.with_name(cache.name + f".tmp{time.time_ns()}")
-    tmp.mkdir(parents=True)
-    torch.save({k: v.detach().cpu() for k, v in policy.model.state_dict().items()}, tmp / "model.pt")
-    (tmp / "stats.json").write_text(json.dumps(asdict(stats), indent=1))
-    try:
-        tmp.rename(cache)
-    except OSError:  # another process finished first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure_rates(generator, task: PersistentTask, cfg: WarmStartConfig | None = None,

@@ -32,13 +32,9 @@ import hashlib
 import json
 import random
 import re
-import shutil
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-
-import torch
 
 from rise_nemo.core.problem import ReasoningProblem
 
@@ -383,6 +379,8 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
     "cache_path"}. Leaves a fresh optimiser at ``local.lr``. Needs the local backend's extras
     (``policy.engine``, ``generator.encode_response``).
     """
+    from rise_nemo.tasks.sft import load_weights, save_weights
+
     wcfg = cfg if isinstance(cfg, ReasoningWarmStartConfig) else ReasoningWarmStartConfig.from_mapping(cfg)
     if wcfg.noise_offset is not None and wcfg.noise_offset % task.cfg.modulus == 0:
         raise ReasoningTaskError(f"data.warm_start.noise_offset: {wcfg.noise_offset} is a multiple of the modulus "
@@ -391,7 +389,7 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
     root = Path(cache_dir) if cache_dir is not None else None
     cache = root / f"reasoning_{_digest({**base, 'warm_start': asdict(wcfg)})}" if root is not None else None
     if cache is not None and (cache / "stats.json").exists():
-        _load_weights(policy, cache)
+        load_weights(policy, cache)
         return {**json.loads((cache / "stats.json").read_text()), "cached": True, "cache_path": str(cache)}
 
     stats = {"steps": wcfg.steps, "noise_steps": wcfg.noise_steps, "clean_loss": float("nan"),
@@ -401,7 +399,7 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
         phase_cache = (root / f"reasoning_clean_{_digest({**base, 'clean': wcfg.clean_spec()})}"
                        if root is not None and name == "clean" else None)
         if phase_cache is not None and (phase_cache / "stats.json").exists():
-            _load_weights(policy, phase_cache)
+            load_weights(policy, phase_cache)
             phase = json.loads((phase_cache / "stats.json").read_text())
             stats["clean_cached"] = True
         else:
@@ -409,62 +407,37 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
             phase = _sft_phase(policy, generator, task, rng, name, steps, wcfg.batch_size, lr, noise,
                                wcfg.noise_offset, progress)
             if phase_cache is not None:
-                _save_weights(policy, phase_cache, phase)
+                save_weights(policy, phase_cache, {**phase, "cache_path": ""})
         stats["train_seconds"] += phase["train_seconds"]
         stats["final_loss"] = phase["final_loss"]
         if name == "clean":
             stats["clean_loss"] = phase["final_loss"]
     policy.reset_optimizer()
     policy.train_steps = 0
-    stats["cache_path"] = str(_save_weights(policy, cache, stats)) if cache is not None else ""
+    stats["cache_path"] = ""
+    if cache is not None:
+        save_weights(policy, cache, stats)
+        stats["cache_path"] = str(cache)
     return stats
 
 
 def _sft_phase(policy, generator, task: ChainTask, rng: random.Random, name: str, steps: int, batch_size: int,
                lr: float, noise: float, offset: int | None, progress: bool) -> dict:
-    """``steps`` SFT steps from a fresh optimiser, lr decaying linearly from ``lr`` to 10%, on fresh
-    non-held-out instances of every length whose targets carry ``noise``."""
-    from tqdm.auto import tqdm
+    """``steps`` SFT steps (tasks.sft.sft_phase: fresh optimiser, lr decaying linearly from ``lr`` to 10%) on
+    fresh non-held-out instances of every length whose targets carry ``noise``."""
+    from rise_nemo.tasks.sft import Example, sft_phase
 
-    from rise_nemo.tasks.sft import Example, sft_batch, sft_loss
+    def examples() -> list[Example]:
+        out = []
+        for _ in range(batch_size):
+            chain = task.sample_sft_chain(rng, rng.randint(1, task.cfg.max_steps))
+            messages = [{"role": "user", "content": chain.prompt_text()}]
+            out.append(Example(messages, noisy_solution(chain, noise, rng, offset)))
+        return out
 
-    policy.reset_optimizer(lr=lr)
-    entropy_flag, policy.engine.cfg.compute_entropy = policy.engine.cfg.compute_entropy, False
-    t0, loss = time.perf_counter(), float("nan")
-    bar = tqdm(range(steps), desc=f"warm start (reasoning, {name})", disable=not progress, mininterval=1.0)
-    try:
-        for step in bar:
-            for group in policy.optimizer.param_groups:
-                group["lr"] = lr * (1.0 - 0.9 * step / max(steps - 1, 1))
-            examples = []
-            for _ in range(batch_size):
-                chain = task.sample_sft_chain(rng, rng.randint(1, task.cfg.max_steps))
-                messages = [{"role": "user", "content": chain.prompt_text()}]
-                examples.append(Example(messages, noisy_solution(chain, noise, rng, offset)))
-            loss = policy.train(sft_batch(examples, generator), sft_loss)["sft/nll"]
-            bar.set_postfix(nll=f"{loss:.3f}")
-    finally:
-        policy.engine.cfg.compute_entropy = entropy_flag
-    return {"steps": steps, "final_loss": loss, "train_seconds": time.perf_counter() - t0}
+    loss, seconds = sft_phase(policy, generator, steps, lr, examples, f"warm start (reasoning, {name})", progress)
+    return {"steps": steps, "final_loss": loss, "train_seconds": seconds}
 
 
 def _digest(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _load_weights(policy, cache: Path) -> None:
-    policy.model.load_state_dict(torch.load(cache / "model.pt", map_location=policy.engine.device, weights_only=True))
-    policy.reset_optimizer()
-
-
-def _save_weights(policy, cache: Path, stats: dict) -> Path:
-    """Write model.pt + stats.json atomically (a temporary folder renamed into place)."""
-    tmp = cache.with_name(cache.name + f".tmp{time.time_ns()}")
-    tmp.mkdir(parents=True)
-    torch.save({k: v.detach().cpu() for k, v in policy.model.state_dict().items()}, tmp / "model.pt")
-    (tmp / "stats.json").write_text(json.dumps({**stats, "cache_path": ""}, indent=1))
-    try:
-        tmp.rename(cache)
-    except OSError:  # another process finished first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-    return cache

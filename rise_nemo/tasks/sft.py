@@ -3,12 +3,17 @@
 ``sft_batch(examples, generator)`` renders (messages, response) pairs with the local backend's chat
 template into a training batch in rise_nemo.interfaces' layout; ``sft_loss`` is the globally normalised
 token-mean negative log-likelihood of the responses, an ``interfaces.LossFn`` for ``policy.train``.
+``sft_phase`` is the warm starts' training loop; ``save_weights`` / ``load_weights`` their on-disk cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -43,3 +48,45 @@ def sft_loss(logprobs: torch.Tensor, data: Mapping[str, torch.Tensor]) -> tuple[
     """Token-mean negative log-likelihood of the responses, normalised by the global token count."""
     loss = -(logprobs * data["token_mask"]).sum() / data["global_tokens"][0]
     return loss, {"sft/nll": float(loss.detach())}
+
+
+def sft_phase(policy, generator, steps: int, lr: float, next_examples: Callable[[], list[Example]], desc: str,
+              progress: bool) -> tuple[float, float]:
+    """``steps`` SFT steps of the local policy from a fresh optimiser, the lr decaying linearly from ``lr`` to
+    10% over the phase (a noisy constant-lr end blurs what the targets teach, a decayed one settles it); each
+    step trains on ``next_examples()``. Returns (the last step's NLL, seconds). Entropy is not computed
+    during the phase (not needed here)."""
+    from tqdm.auto import tqdm
+
+    policy.reset_optimizer(lr=lr)
+    entropy_flag, policy.engine.cfg.compute_entropy = policy.engine.cfg.compute_entropy, False
+    t0, loss = time.perf_counter(), float("nan")
+    bar = tqdm(range(steps), desc=desc, disable=not progress, mininterval=1.0)
+    try:
+        for step in bar:
+            for group in policy.optimizer.param_groups:
+                group["lr"] = lr * (1.0 - 0.9 * step / max(steps - 1, 1))
+            loss = policy.train(sft_batch(next_examples(), generator), sft_loss)["sft/nll"]
+            bar.set_postfix(nll=f"{loss:.3f}")
+    finally:
+        policy.engine.cfg.compute_entropy = entropy_flag
+    return loss, time.perf_counter() - t0
+
+
+def save_weights(policy, cache: Path, stats: Mapping) -> None:
+    """Write the local policy's weights (model.pt) and ``stats`` (stats.json) to ``cache`` atomically: a
+    temporary folder renamed into place, so a crash never leaves half a cache."""
+    tmp = cache.with_name(cache.name + f".tmp{time.time_ns()}")
+    tmp.mkdir(parents=True)
+    torch.save({k: v.detach().cpu() for k, v in policy.model.state_dict().items()}, tmp / "model.pt")
+    (tmp / "stats.json").write_text(json.dumps(dict(stats), indent=1))
+    try:
+        tmp.rename(cache)
+    except OSError:  # another process finished first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_weights(policy, cache: Path) -> None:
+    """Load what ``save_weights`` wrote into the local policy; a fresh optimiser at its own lr."""
+    policy.model.load_state_dict(torch.load(cache / "model.pt", map_location=policy.engine.device, weights_only=True))
+    policy.reset_optimizer()
