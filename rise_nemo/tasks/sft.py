@@ -55,11 +55,18 @@ def sft_phase(policy, generator, steps: int, lr: float, next_examples: Callable[
     """``steps`` SFT steps of the local policy from a fresh optimiser, the lr decaying linearly from ``lr`` to
     10% over the phase (a noisy constant-lr end blurs what the targets teach, a decayed one settles it); each
     step trains on ``next_examples()``. Returns (the last step's NLL, seconds). Entropy is not computed
-    during the phase (not needed here)."""
+    during the phase (not needed here).
+
+    The phase always runs on ONE torch thread: CPU kernels reduce in a thread-count-dependent order, so
+    the same warm start built with 1 and 2 threads differs in the last bits and, after hundreds of steps,
+    visibly (persistent task: a different Rubric-RL curve downstream). The cache key cannot know who built
+    a cache, so the weights must not depend on it."""
     from tqdm.auto import tqdm
 
     policy.reset_optimizer(lr=lr)
     entropy_flag, policy.engine.cfg.compute_entropy = policy.engine.cfg.compute_entropy, False
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     t0, loss = time.perf_counter(), float("nan")
     bar = tqdm(range(steps), desc=desc, disable=not progress, mininterval=1.0)
     try:
@@ -70,6 +77,7 @@ def sft_phase(policy, generator, steps: int, lr: float, next_examples: Callable[
             bar.set_postfix(nll=f"{loss:.3f}")
     finally:
         policy.engine.cfg.compute_entropy = entropy_flag
+        torch.set_num_threads(threads)
     return loss, time.perf_counter() - t0
 
 

@@ -183,3 +183,23 @@ def test_warm_start_cache_key_survives_the_move_to_tasks():
 
     policy = SimpleNamespace(engine=SimpleNamespace(fingerprint=lambda: "model-fp"))
     assert _cache_key(make_persistent_task(seed=0), policy, WarmStartConfig()) == "807b3d1cf74da8c5"
+
+
+def test_warm_start_weights_do_not_depend_on_the_callers_thread_count(tmp_path):
+    """The cache key cannot tell who built a cache, so the SFT phase pins one thread (tasks.sft.sft_phase):
+    the same short warm start under 1 and 2 caller threads gives bit-identical weights, and the caller's
+    setting comes back afterwards."""
+    task = make_persistent_task(seed=0)
+    cfg = {"tokenizer": "builtin:persistent_task", "tiny": TINY, "seed": 0, "lr": 1e-5}
+    weights = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            policy, generator = build(cfg)
+            warm_start(policy, generator, task, {"steps": 20, "eval_samples": 1}, cache_dir=tmp_path / str(threads),
+                       progress=False)
+            assert torch.get_num_threads() == threads
+            weights.append({k: v.clone() for k, v in policy.model.state_dict().items()})
+    finally:
+        torch.set_num_threads(1)
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
