@@ -51,6 +51,14 @@ VARIANTS = {
     "rise+gate": ("rise", [*_PAPER, "rise.gate.enabled=true"]),
     "rise+length": ("rise", [*_PAPER, "rise.retention.max_length_ratio=1.5", "rise.hints=length_neutral"]),
     "rise+budget": ("rise", [*_PAPER, "rise.gate.budget=0.5"]),
+    # Combinations: masks (the best single option) with the cheaper guided step, with the retention rule,
+    # and with a stronger guide loss (lambda_guide 1.0 had the best AUC of the method's own settings).
+    "rise+mask+budget0.25": ("rise", [*_PAPER, "rise.retention.mask_penalised_spans=true", "rise.gate.budget=0.25"]),
+    "rise+mask+noreg_hard": ("rise", [*_PAPER, "rise.retention.mask_penalised_spans=true",
+                                      "rise.retention.no_regression=hard"]),
+    "rise+mask+lambda1": ("rise", [*_PAPER, "rise.retention.mask_penalised_spans=true", "rise.lambda_guide=1.0"]),
+    "rise+mask+noreg_hard+lambda1": ("rise", [*_PAPER, "rise.retention.mask_penalised_spans=true",
+                                              "rise.retention.no_regression=hard", "rise.lambda_guide=1.0"]),
 }
 
 

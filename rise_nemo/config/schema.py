@@ -64,7 +64,10 @@ class RetentionCfg:
 
     no_regression: Literal["none", "hard", "soft"] = "none"  # drop / down-weight responses failing a protected criterion
     keep_threshold: float = 0.5  # share of valid natural responses satisfying a criterion that protects it
-    mask_penalised_spans: bool = False  # mask text the judge locates for a met negative criterion
+    # Mask text the judge locates for a met negative criterion. On by default: the one option the embedded
+    # bench shows to help (README, 9 seeds: negative rate 1.0% vs the paper's 1.7%, AUC and reward unchanged);
+    # a judge that locates nothing (an LLM judge without quoted spans) leaves the guide loss as in the paper.
+    mask_penalised_spans: bool = True
     span_unit: Literal["match", "sentence"] = "sentence"  # mask the located text or its whole sentence
     max_length_ratio: float | None = None  # drop privileged responses longer than this x the natural mean
 
@@ -92,7 +95,7 @@ class RiseCfg:
     privileged_group_size: int | None = None  # G' privileged responses per prompt; None -> grpo.group_size
     schedule: ScheduleCfg = field(default_factory=ScheduleCfg)
     # true = the paper's setting: every option below off (retention = eq. 8 only, no gate, paper hints).
-    # The options default to off too: on the embedded bench none improved the final reward (README).
+    # Defaults: only retention.mask_penalised_spans is on (the others did not help on the bench; README).
     paper_faithful: bool = False
     retention: RetentionCfg = field(default_factory=RetentionCfg)
     gate: GateCfg = field(default_factory=GateCfg)

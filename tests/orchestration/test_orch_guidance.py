@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import tiny_task
 import torch
@@ -23,6 +25,9 @@ def test_paper_faithful_turns_every_extension_off(tmp_path, tiny_tokenizer):
     assert guidance_options(cfg).gate and guidance_options(cfg).no_regression == "hard"
     paper = config_from_dict(tiny_task.recipe(tiny_tokenizer, tmp_path), [*ALL_ON, "rise.paper_faithful=true"])
     assert guidance_options(paper) == GuidanceOptions.paper()
+    # The project's default: the paper plus penalised-span masks, the one option the bench showed to help.
+    default = guidance_options(config_from_dict(tiny_task.recipe(tiny_tokenizer, tmp_path), []))
+    assert default == replace(GuidanceOptions.paper(), mask_penalised_spans=True)
 
 
 def test_masked_spans_reach_the_guide_rows_and_every_rule_is_logged(tmp_path, make_trainer):
