@@ -98,7 +98,7 @@ def test_one_refit_and_one_window_per_step(rise_run):
 def test_train_batches_splice_guided_rows_onto_original_prompts(rise_run):
     calls, gen = rise_run["policy"].train_calls, rise_run["generator"]
     originals = {tuple(gen.encode_prompt(list(p.messages))) for p in make_prompts(6)}
-    guided_seen = 0
+    guided_seen = masked_rows = 0
     for data in calls:
         b, t = data["input_ids"].shape
         assert t % 4 == 0 and b % 4 == 0  # make_sequence_length_divisible_by, DP 2 x micro-batch 2
@@ -110,14 +110,31 @@ def test_train_batches_splice_guided_rows_onto_original_prompts(rise_run):
         for row in torch.nonzero(real & (data["kind"] == KIND_GUIDED)).flatten().tolist():
             guided_seen += 1
             # The row opens with an ORIGINAL prompt (no hint; a hinted prompt differs before its end-of-turn).
-            # Inside the response the mask may have holes: penalised-span masks (on by default) zero them.
             prompt = [o for o in originals if tuple(data["input_ids"][row, : len(o)].tolist()) == o]
             assert len(prompt) == 1, "guided row does not start with an original prompt"
             start, length = len(prompt[0]), int(data["input_lengths"][row])
             mask = data["token_mask"][row]
             assert mask[:start].eq(0).all() and mask[length:].eq(0).all() and mask[start:length].any()
+            # Inside the response the only holes are penalised spans (masks are on by default): each run of
+            # zeros spells the met negative criterion's text ("Says gamma").
+            holes = (mask[start:length] == 0).nonzero().flatten().add(start).tolist()
+            for run in _runs(holes):
+                masked_rows += 1
+                assert "gamma" in gen.decode_response(data["input_ids"][row, run].tolist())
         assert data["token_mask"][~real].sum() == 0
     assert guided_seen > 0, "no privileged response was retained in 3 steps (seeded run): nothing tested"
+    assert masked_rows > 0, "no penalised span was masked in 3 steps (seeded run): the mask path is untested"
+
+
+def _runs(positions: list[int]) -> list[list[int]]:
+    """Sorted positions -> runs of consecutive ones."""
+    out: list[list[int]] = []
+    for p in positions:
+        if out and p == out[-1][-1] + 1:
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out
 
 
 def test_training_changes_weights_and_reports_metrics(rise_run):
