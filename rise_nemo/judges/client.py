@@ -5,10 +5,19 @@ What it guarantees to the judge above it:
 - several base URLs, each request sent to the least-loaded one (fewest in flight, then fewest sent),
   an endpoint that just failed to connect is avoided for a short cool-down, and a retry prefers
   another endpoint;
-- a per-attempt timeout; retries with exponential backoff and jitter on timeouts, connection errors,
-  HTTP 5xx and 429 (honouring ``Retry-After``) and on replies that fail strict parsing;
-- a per-run cap on failed attempts: past it the client raises ``JudgeFailureCapExceeded`` instead of
-  letting a dead judge turn a whole run into unknown verdicts;
+- a per-attempt timeout; retries with exponential backoff and jitter;
+- two retry budgets, because an outage and a bad reply call for different patience:
+  * while the judge is *unavailable* (connection refused or reset, HTTP 502/503/504, 429 honouring
+    ``Retry-After``) a request keeps retrying until the outage has lasted ``RetryPolicy.deadline_s``
+    (default 15 min: a 32B vLLM judge takes minutes to restart), logging "waiting for judge <url>" while
+    it waits; no verdict becomes unknown because of an outage shorter than that. The outage clock is the
+    client's, started by the first such failure after the last success and reset by any success, so once
+    the judge has been gone past the deadline every new request gives up at its first failure;
+  * a judge that *answers badly* (a reply that fails strict parsing, HTTP 500 and other errors, no reply
+    within the per-attempt timeout) gets ``RetryPolicy.max_attempts`` attempts per request;
+- a per-run cap on failed attempts (outage waits excluded; each request given up counts): past it the
+  client raises ``JudgeFailureCapExceeded`` instead of letting a broken judge turn a whole run into unknown
+  verdicts;
 - no retries once the run was asked to stop (rise_nemo.stopping): a failed attempt, or a stop arriving
   during a backoff, raises ``JudgeInterrupted`` at once. On a Slurm requeue or preemption the judge
   servers are killed together with the job, and retrying them would outlast the driver's KillWait;
@@ -53,11 +62,17 @@ class JudgeInterrupted(JudgeError, StopInterrupted):
     """The run was asked to stop and a judge call failed: not retried (the servers stop with the job)."""
 
 
+# Failure kinds that mean "the judge is not there right now" (bounded by RetryPolicy.deadline_s), as
+# opposed to "it answered, badly" (bounded by RetryPolicy.max_attempts).
+UNAVAILABLE = "unavailable"
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    max_attempts: int = 6
+    max_attempts: int = 6  # per request, for replies that came back unusable (first try included)
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
+    deadline_s: float = 900.0  # how long an outage (no judge reachable) is waited out before giving up
 
     def delay(self, attempt: int, rng: random.Random, retry_after: float | None = None) -> float:
         """Sleep before attempt ``attempt + 1``: base * 2^(attempt-1), capped, times a jitter in [0.5, 1].
@@ -90,7 +105,9 @@ class ClientCounters:
     http_errors: int = 0  # 5xx, 429 and other non-200 statuses
     rate_limited: int = 0  # 429s (also in http_errors)
     parse_errors: int = 0  # replies that were not exactly the asked verdict JSON
-    gave_up: int = 0  # requests still failing after max_attempts (their verdicts become unknown)
+    gave_up: int = 0  # requests still failing after max_attempts or the outage deadline (verdicts unknown)
+    outages: int = 0  # times the judge became unreachable (each waited out up to RetryPolicy.deadline_s)
+    outage_s: float = 0.0  # seconds spent in ended outages
     structured_fallbacks: int = 0
     by_endpoint: dict[str, int] = field(default_factory=dict)
 
@@ -140,6 +157,9 @@ class ChatClient:
         self._sem = asyncio.Semaphore(max_concurrency)
         self._session: aiohttp.ClientSession | None = None
         self._last_failure = ""
+        self._outage_since: float | None = None  # monotonic start of the current outage; None while reachable
+        self._outage_logged = 0.0  # when "waiting for judge" was last logged
+        self._capped = 0  # failures counted against max_failures: bad answers and requests given up
 
     # -- secrets ---------------------------------------------------------------------------------
     def redact(self, text: str) -> str:
@@ -181,11 +201,14 @@ class ChatClient:
         schema: dict,
         max_tokens: int,
     ) -> T | None:
-        """Send a chat request until ``parse(reply)`` succeeds; None after ``max_attempts`` failed attempts."""
+        """Send a chat request until ``parse(reply)`` succeeds; None (unknown) after ``max_attempts`` unusable
+        replies, or once the judge has been unreachable for ``deadline_s`` (module docstring)."""
         avoid: Endpoint | None = None
-        attempt = 0
+        attempt = 0  # attempts that count against max_attempts (outage waits do not)
+        tries = 0  # every attempt, for the backoff
         while attempt < self.retry.max_attempts:
             attempt += 1
+            tries += 1
             async with self._sem:
                 # Choose the endpoint only once a slot is free, so the choice sees current loads.
                 ep = self._pick(avoid)
@@ -214,12 +237,20 @@ class ChatClient:
                     self.counters.parse_errors += 1
                 else:
                     ep.down_until = 0.0
+                    self._reachable(ep)
                     return value
             if STOP_REQUESTED.is_set() and result.kind not in ("fatal", "bad_request"):  # would be retried
                 raise JudgeInterrupted(self.redact(
                     f"stop requested and a judge call failed ({ep.base_url}: {result.kind}: {result.reason}): "
                     "not retrying"))
-            self._record_failure(ep, result)
+            if result.kind == UNAVAILABLE:
+                if self._outage_outlasted_deadline(ep, result):
+                    break
+                attempt -= 1  # waiting out an outage is not the request's fault
+            else:
+                if result.kind != "timeout":
+                    self._reachable(ep)  # it answered (an error, or a reply we could not parse)
+                self._record_failure(ep, result)
             if result.kind == "fatal":
                 raise JudgeError(self.redact(f"judge endpoint {ep.base_url}: {result.reason}"))
             if result.kind == "bad_request":
@@ -227,10 +258,40 @@ class ChatClient:
             avoid = ep if len(self.endpoints) > 1 else None
             if attempt < self.retry.max_attempts:
                 self.counters.retries += 1
-                await self._backoff(self.retry.delay(attempt, self._rng, result.retry_after))
+                await self._backoff(self.retry.delay(tries, self._rng, result.retry_after))
         self.counters.gave_up += 1
-        log.debug("judge request gave up after %d attempts; last failure: %s", attempt, self._last_failure)
+        log.debug("judge request gave up after %d attempts; last failure: %s", tries, self._last_failure)
+        self._count_failure()  # each request given up counts against the run's cap, outages included
         return None
+
+    # -- outages ---------------------------------------------------------------------------------
+    def _outage_outlasted_deadline(self, ep: Endpoint, result: _Attempt) -> bool:
+        """Record an unavailable attempt; True once the outage has lasted ``deadline_s`` (give up)."""
+        now = time.monotonic()
+        self.counters.failures += 1
+        self._last_failure = self.redact(f"{ep.base_url}: {result.kind}: {result.reason}")
+        ep.down_until = now + min(self.retry.backoff_max_s, 1.0)  # let other replicas absorb its load
+        if self._outage_since is None:
+            self._outage_since = self._outage_logged = now
+            self.counters.outages += 1
+            log.warning("waiting for judge %s (%s); retrying for up to %.0f s", ep.base_url, self._last_failure,
+                        self.retry.deadline_s)
+        waited = now - self._outage_since
+        if waited >= self.retry.deadline_s:
+            return True
+        if now - self._outage_logged >= 30.0:
+            self._outage_logged = now
+            log.warning("still waiting for judge %s: unreachable for %.0f s of %.0f s", ep.base_url, waited,
+                        self.retry.deadline_s)
+        return False
+
+    def _reachable(self, ep: Endpoint) -> None:
+        """A reply arrived: an outage in progress is over."""
+        if self._outage_since is not None:
+            waited = time.monotonic() - self._outage_since
+            self._outage_since = None
+            self.counters.outage_s += waited
+            log.warning("judge %s answers again after %.1f s", ep.base_url, waited)
 
     async def _backoff(self, delay: float) -> None:
         """Sleeps ``delay`` s before a retry; raises ``JudgeInterrupted`` as soon as a stop is requested."""
@@ -256,16 +317,17 @@ class ChatClient:
         return body
 
     def _record_failure(self, ep: Endpoint, result: _Attempt) -> None:
-        c = self.counters
-        c.failures += 1
+        """An attempt the judge answered badly (or not in time): counted, and against the run's cap."""
+        self.counters.failures += 1
         self._last_failure = self.redact(f"{ep.base_url}: {result.kind}: {result.reason}")
         log.debug("judge attempt failed: %s", self._last_failure)
-        if result.kind == "connection":
-            # Avoid this endpoint for a moment so the other replicas absorb its load.
-            ep.down_until = time.monotonic() + min(self.retry.backoff_max_s, 1.0)
-        if self.max_failures is not None and c.failures > self.max_failures:
+        self._count_failure()
+
+    def _count_failure(self) -> None:
+        self._capped += 1
+        if self.max_failures is not None and self._capped > self.max_failures:
             raise JudgeFailureCapExceeded(
-                f"judge: {c.failures} failed calls exceed judge.max_failures={self.max_failures}; "
+                f"judge: {self._capped} failed calls exceed judge.max_failures={self.max_failures}; "
                 f"last failure: {self._last_failure}"
             )
 
@@ -290,7 +352,7 @@ class ChatClient:
             return _Attempt(kind="timeout", reason=f"no reply within {self.timeout_s:g} s")
         except (aiohttp.ClientError, OSError) as exc:
             self.counters.connection_errors += 1
-            return _Attempt(kind="connection", reason=self.redact(f"{type(exc).__name__}: {exc}"))
+            return _Attempt(kind=UNAVAILABLE, reason=self.redact(f"connection: {type(exc).__name__}: {exc}"))
         finally:
             ep.in_flight -= 1
         return self._interpret(status, raw, retry_after, "response_format" in body)
@@ -312,7 +374,9 @@ class ChatClient:
         reason = f"HTTP {status}: {snippet!r}"
         if status == 429:
             self.counters.rate_limited += 1
-            return _Attempt(kind="http", reason=reason, retry_after=retry_after)
+            return _Attempt(kind=UNAVAILABLE, reason=reason, retry_after=retry_after)
+        if status in (502, 503, 504):  # a proxy or load balancer in front of a judge that is (re)starting
+            return _Attempt(kind=UNAVAILABLE, reason=reason, retry_after=retry_after)
         if status >= 500:
             return _Attempt(kind="http", reason=reason, retry_after=retry_after)
         if status in (401, 403):

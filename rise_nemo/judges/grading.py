@@ -219,6 +219,8 @@ def _load_single_object(reply: str) -> dict:
         obj = json.loads(text, strict=False)
     except json.JSONDecodeError as exc:
         raise VerdictParseError(f"reply is not a single JSON object ({exc.msg} at char {exc.pos})") from None
+    except (ValueError, RecursionError) as exc:  # a number over int's 4,300-digit limit; nesting past the stack
+        raise VerdictParseError(f"reply is not a usable JSON object ({type(exc).__name__}: {str(exc)[:80]})") from None
     if not isinstance(obj, dict):
         raise VerdictParseError(f"reply JSON is a {type(obj).__name__}, not an object")
     return obj

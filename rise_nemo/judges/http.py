@@ -63,9 +63,10 @@ class HttpJudgeConfig:
     api_key_env: str | None = None  # name of the environment variable holding the key (never the key)
     max_concurrency: int = 64  # requests in flight, over all base URLs
     timeout_s: float = 120.0  # per attempt
-    max_attempts: int = 6  # per request, first try included
+    max_attempts: int = 6  # per request, for unusable replies / errors / timeouts, first try included
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
+    retry_deadline_s: float = 900.0  # an outage (judge unreachable, 502/503/504, 429) is waited out this long
     max_failures: int | None = 10000  # failed attempts per run before the run is stopped; None = no cap
     structured_outputs: str = "auto"  # auto (use, fall back if rejected) | on | off
     temperature: float = 0.0
@@ -123,7 +124,7 @@ class HttpJudgeConfig:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(key, "expected an integer >= 1")
-        for key in ("timeout_s", "backoff_base_s", "backoff_max_s", "ray_num_cpus", "ray_timeout_s"):
+        for key in ("timeout_s", "backoff_base_s", "backoff_max_s", "retry_deadline_s", "ray_num_cpus", "ray_timeout_s"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
                 raise bad(key, "expected a number >= 0")
@@ -131,6 +132,9 @@ class HttpJudgeConfig:
             raise bad("max_failures", "expected an integer >= 0 or null")
         if self.api_key_env is not None and not isinstance(self.api_key_env, str):
             raise bad("api_key_env", "expected the NAME of an environment variable")
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(self.max_attempts, self.backoff_base_s, self.backoff_max_s, self.retry_deadline_s)
 
     def api_key(self) -> str | None:
         """The key from the environment (never stored on the config)."""
@@ -238,6 +242,8 @@ class HttpJudge:
             "rate_limited": float(c.rate_limited if c else 0),
             "parse_errors": float(c.parse_errors if c else 0),
             "gave_up": float(c.gave_up if c else 0),
+            "outages": float(c.outages if c else 0),
+            "outage_s": float(c.outage_s if c else 0),
             "structured_fallbacks": float(c.structured_fallbacks if c else 0),
             "unknown_responses": float(self._unknown_responses),
             "verdicts": float(self._verdicts),
@@ -272,7 +278,7 @@ class HttpJudge:
                 api_key=self._api_key,
                 max_concurrency=c.max_concurrency,
                 timeout_s=c.timeout_s,
-                retry=RetryPolicy(c.max_attempts, c.backoff_base_s, c.backoff_max_s),
+                retry=c.retry_policy(),
                 max_failures=c.max_failures,
                 structured_outputs=c.structured_outputs,  # type: ignore[arg-type]
                 temperature=c.temperature,

@@ -162,14 +162,22 @@ def parse_scores(reply: str, tag: str, n_segments: int | None) -> list[int]:
     out = []
     for k, line in enumerate(lines[-want:], start=1):
         m = re.fullmatch(rf"\[{t}\]\s*Segment\s+([0-9]+)\s+Score:\s*([0-9]+)", line)
-        if not m or int(m.group(1)) != k:
+        if not m or _small_int(m.group(1)) != k:
             raise VerdictParseError(f"score line {k} of {want} is not '[{tag}] Segment {k} Score: N': {line[:80]!r}")
         out.append(_in_scale(m.group(2)))
     return out
 
 
+def _small_int(digits: str) -> int | None:
+    """``int(digits)`` for the few-digit numbers a score line holds; None for a run of digits so long that
+    ``int`` would refuse it (over 4,300 digits: a plain ValueError that must not escape the parser)."""
+    return int(digits) if len(digits) <= 12 else None
+
+
 def _in_scale(text: str) -> int:
-    value = int(text)
+    value = _small_int(text)
+    if value is None:
+        raise VerdictParseError(f"score {text[:20]}... ({len(text)} digits) outside 1..5")
     if not 1 <= value <= 5:
         raise VerdictParseError(f"score {value} outside 1..5")
     return value
@@ -286,14 +294,14 @@ class HttpReferenceJudge:
         return 1024 + 24 * (n_segments or 1)
 
     def _get_client(self) -> Any:
-        from rise_nemo.judges.client import ChatClient, RetryPolicy
+        from rise_nemo.judges.client import ChatClient
 
         if self._client is None:
             c = self.config
             # Greedy decoding (ExpRL's judge) and free text: the score protocol is parsed, not a JSON schema.
             self._client = ChatClient(
                 c.base_urls, c.model, api_key=self._api_key, max_concurrency=c.max_concurrency,
-                timeout_s=c.timeout_s, retry=RetryPolicy(c.max_attempts, c.backoff_base_s, c.backoff_max_s),
+                timeout_s=c.timeout_s, retry=c.retry_policy(),
                 max_failures=c.max_failures, structured_outputs="off", temperature=0.0,
                 extra_body=dict(c.extra_body or {}), seed=c.seed)
             self._finalizer.detach()

@@ -14,6 +14,11 @@ benchmarked over real sockets on 127.0.0.1 (tests/judges, bench/judge_throughput
 - optional rejection of ``response_format`` (a server without structured outputs) and of requests
   without the expected bearer key (``api_key``; the error body then echoes the Authorization header, so
   tests can check that the client redacts it);
+- a hold trigger (``hold_trigger``, a file path): once that file exists, the server answers the number of
+  further requests written in it (empty: none), then deletes it, creates ``<trigger>.held`` and answers
+  nothing more: a judge that stopped answering in the middle of a call. Tests use it to put a client
+  deterministically inside a judge call before they kill the server or signal the job (no sleeps); a
+  restarted server finds no trigger and answers normally;
 - "gullibility": when the phrase "ignore previous instructions" appears OUTSIDE the fenced fields as this
   naive reader finds them, it obeys and marks every criterion met. A response that smuggles a fake closing
   marker past neutralisation would therefore flip its verdicts — the injection tests rely on that.
@@ -28,12 +33,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import re
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from aiohttp import web
 
@@ -137,8 +144,12 @@ class RuleGraderApp:
         hang_s: float = 30.0,
         supports_response_format: bool = True,
         api_key: str | None = None,
+        hold_trigger: str | os.PathLike | None = None,
     ) -> None:
         self.latency_s = latency_s
+        self.hold_trigger = Path(hold_trigger) if hold_trigger is not None else None
+        self._hold_countdown: int | None = None  # requests still answered after the trigger appeared
+        self.holding = False
         self.script: deque[str] = deque(script)
         self.rates = dict(rates or {})
         for name in list(self.script) + list(self.rates):
@@ -175,8 +186,29 @@ class RuleGraderApp:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    def _hold_now(self) -> bool:
+        """True from the request at which the hold trigger's countdown runs out (module docstring)."""
+        if self.holding or self.hold_trigger is None:
+            return self.holding
+        if self._hold_countdown is None:
+            try:
+                text = self.hold_trigger.read_text().strip()
+            except FileNotFoundError:
+                return False
+            self._hold_countdown = int(text or 0)
+        if self._hold_countdown > 0:
+            self._hold_countdown -= 1
+            return False
+        self.holding = True
+        self.hold_trigger.unlink(missing_ok=True)
+        self.hold_trigger.with_name(self.hold_trigger.name + ".held").touch()
+        print(f"HOLDING from request {self.requests}: no more answers", flush=True)
+        return True
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
+        if self._hold_now():
+            await asyncio.Event().wait()  # never answered: the connection stays open until the server dies
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -324,12 +356,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--latency", type=float, default=0.0, help="seconds added to every call")
     p.add_argument("--fault", action="append", default=[], metavar="NAME=P", help="random fault rate, repeatable")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hold-trigger", metavar="PATH", help="stop answering once PATH exists (module docstring)")
     args = p.parse_args(argv)
     rates = {}
     for item in args.fault:
         name, _, prob = item.partition("=")
         rates[name] = float(prob)
-    grader = RuleGraderApp(latency_s=args.latency, rates=rates, seed=args.seed)
+    grader = RuleGraderApp(latency_s=args.latency, rates=rates, seed=args.seed, hold_trigger=args.hold_trigger)
 
     async def serve() -> None:
         runner = web.AppRunner(grader.app, shutdown_timeout=0.1, handler_cancellation=True, access_log=None)

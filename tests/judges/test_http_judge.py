@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from judge_testlib import MODES, SECRET, expected, make_judge, small_requests
@@ -166,9 +167,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn_server(port: int, latency: float) -> subprocess.Popen:
+def _spawn_server(port: int, latency: float, hold_trigger: Path | None = None) -> subprocess.Popen:
+    hold = ["--hold-trigger", str(hold_trigger)] if hold_trigger is not None else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rise_nemo.judges.rule_server", "--port", str(port), "--latency", str(latency)],
+        [sys.executable, "-m", "rise_nemo.judges.rule_server", "--port", str(port), "--latency", str(latency), *hold],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     line = proc.stdout.readline()  # type: ignore[union-attr]
@@ -183,32 +185,100 @@ def _reap(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-def test_kill_and_restart_mid_batch(healthbench_requests):
+def test_kill_and_restart_mid_batch(healthbench_requests, tmp_path):
+    """The server dies in the middle of a batch and comes back: every verdict arrives, none is unknown.
+    The interleaving is forced, not timed: the server answers 20 calls, then holds the next ones open
+    (its hold trigger), and only then is it killed; it is restarted only after the client saw it gone."""
     port = _free_port()
-    proc = _spawn_server(port, latency=0.1)
+    trigger = tmp_path / "hold"
+    trigger.write_text("20")
+    proc = _spawn_server(port, latency=0.0, hold_trigger=trigger)
     reqs = healthbench_requests[:12]
+    total = sum(len(r.rubric) for r in reqs)
     judge = make_judge(f"http://127.0.0.1:{port}/v1", "per_criterion", max_concurrency=4,
-                       max_attempts=12, backoff_base_s=0.1, backoff_max_s=1.0)
+                       backoff_base_s=0.1, backoff_max_s=1.0)
     out: dict = {}
     worker = threading.Thread(target=lambda: out.setdefault("got", judge.judge(reqs)))
     try:
         worker.start()
-        time.sleep(1.0)  # the batch (104 calls, 4 in flight x 0.1 s: ~2.6 s) is under way
+        _wait_for(lambda: (tmp_path / "hold.held").exists(), "the server to start holding calls")
         calls_before_kill = judge.stats.calls
         os.kill(proc.pid, signal.SIGKILL)
         _reap(proc)
-        time.sleep(1.5)  # server down: in-flight calls drop, new ones are refused
-        proc = _spawn_server(port, latency=0.1)
-        worker.join(60)
+        _wait_for(lambda: judge.stats.extra["connection_errors"] > 0, "the client to see the server gone")
+        proc = _spawn_server(port, latency=0.0)
+        worker.join(120)
         assert not worker.is_alive(), "batch did not complete after the server came back"
         stats = judge.stats
     finally:
         proc.kill()
         _reap(proc)
         judge.close()
-    assert 0 < calls_before_kill < sum(len(r.rubric) for r in reqs)
+    assert 20 < calls_before_kill < total
     assert out["got"] == expected(reqs)  # completed, nothing unknown, nothing corrupted
     assert stats.extra["connection_errors"] > 0 and stats.unknown_verdicts == 0
+    assert stats.extra["outages"] >= 1 and stats.extra["gave_up"] == 0
+
+
+def test_an_outage_longer_than_the_attempt_budget_loses_no_verdict(caplog):
+    """A judge restart outlasts any fixed number of attempts (a 32B vLLM judge takes minutes): while the
+    judge is unreachable the client waits up to judge.retry_deadline_s, saying so, and counts none of
+    those attempts against max_attempts. Forced: the server starts only after the one request has
+    failed three times the attempt budget (with max_attempts alone it would be unknown by then)."""
+    caplog.set_level(logging.WARNING, logger="rise_nemo.judges")
+    port = _free_port()
+    r = small_requests()[0]
+    req = JudgeRequest(r.conversation, r.response, Rubric(r.rubric.criteria[:1]))
+    judge = make_judge(f"http://127.0.0.1:{port}/v1", "per_criterion", max_attempts=2,
+                       backoff_base_s=0.01, backoff_max_s=0.05)
+    out: dict = {}
+    worker = threading.Thread(target=lambda: out.setdefault("got", judge.judge([req])))
+    proc = None
+    try:
+        worker.start()
+        _wait_for(lambda: judge.stats.extra["connection_errors"] >= 6, "six refused connections")
+        proc = _spawn_server(port, latency=0.0)
+        worker.join(120)
+        assert not worker.is_alive()
+        stats = judge.stats
+    finally:
+        if proc is not None:
+            proc.kill()
+            _reap(proc)
+        judge.close()
+    assert out["got"] == expected([req]) and stats.unknown_verdicts == 0 and stats.extra["gave_up"] == 0
+    assert stats.extra["outages"] == 1 and stats.extra["outage_s"] > 0
+    messages = [rec.getMessage() for rec in caplog.records]
+    assert any(m.startswith(f"waiting for judge http://127.0.0.1:{port}/v1 ") for m in messages), messages
+    assert any(m.startswith(f"judge http://127.0.0.1:{port}/v1 answers again after ") for m in messages), messages
+
+
+def test_past_the_outage_deadline_requests_give_up_and_count_against_the_cap():
+    dead = f"http://127.0.0.1:{_free_port()}/v1"
+    with make_judge(dead, "per_criterion", retry_deadline_s=0.3, backoff_base_s=0.01, backoff_max_s=0.05) as judge:
+        got = judge.judge(small_requests()[:1])
+        stats = judge.stats
+        assert got == [[None] * 5] and stats.extra["gave_up"] == 5 and stats.extra["outages"] == 1
+        # The outage is still on: a new request gives up at its first failure, not after another deadline.
+        calls = stats.calls
+        assert judge.judge(small_requests()[1:2]) == [[None] * 5]
+        assert judge.stats.calls - calls == 5
+    with make_judge(dead, "per_criterion", retry_deadline_s=0.0, max_failures=3) as judge:
+        with pytest.raises(JudgeFailureCapExceeded, match=r"judge.max_failures=3"):
+            judge.judge(small_requests())
+
+
+def test_retry_deadline_is_validated():
+    with pytest.raises(ValueError, match=r"judge.retry_deadline_s: expected a number >= 0"):
+        make_judge("http://127.0.0.1:1/v1", "per_criterion", retry_deadline_s=-1)
+
+
+def _wait_for(condition, what: str, timeout: float = 120.0) -> None:
+    """Polls ``condition`` until true; the bound is only a safety net on a busy machine, never a timing."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
 
 
 @pytest.fixture
