@@ -208,11 +208,13 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
                     draw(ax, track, [p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3)
         level_text[id(track)] = (names[0][1] if len({t for _, t in names}) == 1 else
                                  ", ".join(f"{s} {t}" for s, t in names)) if names else ""
-    ax.set_title("held-out pass@1 (solid) and pass@n (dotted) on each run's training levels", fontsize=10)
+    shared = set(level_text.values())
+    where = f"the training levels {next(iter(shared))}" if len(shared) == 1 else "each run's training levels"
+    ax.set_title(f"held-out pass@1 (solid) and pass@n (dotted) on {where}", fontsize=10)
     ax.set_ylabel("pass@k, pooled over the training levels")
     bounds = step_axes([ax])
     n_text = f"n = {next(iter(ns))}" if len(ns) == 1 else "n = samples per problem"
-    legend_below(fig, track_handles([ax], lambda t: f": {level_text[id(t)]}")
+    legend_below(fig, track_handles([ax], lambda t: "" if len(shared) == 1 else f": {level_text[id(t)]}")
                  + [key_line("pass@1", marker="o", ms=3), key_line(f"pass@n ({n_text})", linestyle=":", marker="o",
                                                                    ms=3)]
                  + bounds)

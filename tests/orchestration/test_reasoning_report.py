@@ -34,10 +34,11 @@ def _eval(step: int, trained: float, untrained: float = 0.9) -> dict:
             "pass_at_1": None, "levels": levels, "samples": []}
 
 
-def _write_run(path: Path, method: str, steps: int, metric, evals: dict[int, float], seed: int = 0) -> Path:
+def _write_run(path: Path, method: str, steps: int, metric, evals: dict[int, float], seed: int = 0,
+               train_levels=TRAIN_LEVELS) -> Path:
     path.mkdir(parents=True)
     cfg = {"method": method, "run": {"seed": seed, "name": path.name},
-           "data": {"source": "chain_arithmetic", "task": {"max_steps": 6, "train_levels": TRAIN_LEVELS}}}
+           "data": {"source": "chain_arithmetic", "task": {"max_steps": 6, "train_levels": train_levels}}}
     (path / "config.yaml").write_text(yaml.safe_dump(cfg))
     (path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, **metric(s)}) + "\n" for s in range(1, steps + 1)))
     (path / "eval").mkdir()
@@ -153,10 +154,18 @@ def test_pass_vs_step_pools_only_the_training_levels(tmp_path):
     ax = figures["pass_vs_step.png"].axes[0]
     pass1 = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-" and len(ln.get_xdata()) == 2]
     assert [list(ln.get_ydata()) for ln in pass1] == [[0.1, 0.3]]  # untrained levels (0.9) are not averaged in
-    assert any("L5-6" in lab for lab in _legend_outside_axes(figures["pass_vs_step.png"]))
-    assert "training levels" in ax.get_title() and "training levels" in ax.get_ylabel()
+    assert "the training levels L5-6" in ax.get_title() and "training levels" in ax.get_ylabel()
     titles = [a.get_title() for a in figures["pass_at_k.png"].axes]
     assert "(not trained on)" in titles[0] and "(training level)" in titles[-1]
+    for fig in figures.values():
+        plt.close(fig)
+    # A run that trains on every level pools every level; the legend says which levels each run's lines pool.
+    every = _write_run(tmp_path / "all", "grpo", 2, lambda s: {"reward/mean": 0.1}, {0: 0.1, 2: 0.3}, train_levels=None)
+    figures = _figures([tmp_path / "grpo", every])
+    labels = _legend_outside_axes(figures["pass_vs_step.png"])
+    assert labels[:2] == ["grpo (s0): L5-6", "grpo all (s0): all levels L1-6"]
+    pass1 = [ln for ln in figures["pass_vs_step.png"].axes[0].get_lines() if ln.get_linestyle() == "-"]
+    assert list(pass1[1].get_ydata()) == pytest.approx([(4 * 0.9 + 2 * 0.1) / 6, (4 * 0.9 + 2 * 0.3) / 6])
     for fig in figures.values():
         plt.close(fig)
 
