@@ -20,7 +20,8 @@ chained-arithmetic task (docs/DESIGN.md §7.5).
 3. Train PPO and sparse GRPO (and every other method of REASONING_METHODS whose recipe exists, e.g. RRL)
    for --steps from that same warm start, each into its own run directory under --out.
 4. Print the comparison: held-out pass@1 / pass@8 on the training levels and on the hardest level, warm
-   start -> after training, per method, with the run directories.
+   start -> after training, per method, with the run directories; write the report (plots + Markdown,
+   rise_nemo.orchestration.reasoning_report) to <out>/report and print its path.
 """
 
 from __future__ import annotations
@@ -233,15 +234,19 @@ def run_reasoning(args: argparse.Namespace, recipes: Path, out: Path) -> int:
                      "train_levels": [int(x) for x in cfg.data.task.train_levels],
                      "before": evals[0] if evals and evals[0]["step"] == 0 else base, "after": evals[-1]})
 
-    # 4. The comparison.
+    # 4. The comparison, and the report (plots + Markdown) over every method's run.
+    from rise_nemo.orchestration.report import make_report
+
     print(reasoning_comparison_table(rows))
-    print(f"\ndemo finished in {time.perf_counter() - t_start:.0f} s")
+    print(f"\nreport: {make_report([row['run_dir'] for row in rows], out / 'report')}")
+    print(f"demo finished in {time.perf_counter() - t_start:.0f} s")
     return 0
 
 
 def reasoning_comparison_table(rows: list[dict]) -> str:
     """Held-out pass@1 / pass@8 pooled over the training levels and on the hardest level: warm start ->
     after training, per method, with the training time and run directory."""
+    from rise_nemo.orchestration.reasoning_report import levels_name
     from rise_nemo.orchestration.reasoning_warm_start import pooled_pass_at_k
 
     def pct(x):
@@ -249,11 +254,6 @@ def reasoning_comparison_table(rows: list[dict]) -> str:
 
     def cell(row, levels, k):
         return f"{pct(pooled_pass_at_k(row['before'], levels, k)):>6} -> {pct(pooled_pass_at_k(row['after'], levels, k)):>6}"
-
-    def levels_name(levels):
-        ordered = sorted(levels)
-        return (f"L{ordered[0]}-{ordered[-1]}" if ordered == list(range(ordered[0], ordered[-1] + 1))
-                else "L" + ",".join(map(str, ordered)))
 
     first = rows[0]
     hardest = max(int(k) for k in first["after"]["levels"])

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["terminal_token_rewards", "gae", "whiten", "clipped_value_loss", "explained_variance", "value_objective",
-           "make_value_loss"]
+__all__ = ["terminal_token_rewards", "gae", "monte_carlo_returns", "whiten", "clipped_value_loss",
+           "explained_variance", "value_objective", "make_value_loss"]
 
 
 def terminal_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -94,12 +94,29 @@ def clipped_value_loss(
     return loss, frac / normalizer
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float | None:
-    """1 - Var[R - V] / Var[R] over masked tokens (1 = perfect critic, 0 = as good as a constant, < 0 worse).
-    None when the returns have no variance."""
+def monte_carlo_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """[B, T] discounted reward-to-go G_t = sum_k gamma^k r_(t+k) over the action positions (0 off the mask):
+    ``gae`` with lambda = 1 and V = 0. With a sparse terminal reward and gamma = 1, every action token of a
+    rollout holds the rollout's reward."""
+    return gae(token_rewards, torch.zeros_like(token_rewards), mask, gamma, 1.0)[1]
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                       mc_returns: torch.Tensor | None = None) -> float | None:
+    """1 - Var[R - V] / Var[R] over masked tokens (1 = perfect critic, 0 = as good as a constant, < 0 worse),
+    R = the value targets (GAE's lambda-returns, as NeMo-RL's ``critic/explained_var`` and verl's
+    ``critic/vf_explained_var``).
+
+    None (undefined, Stable-Baselines3 / CleanRL's NaN) when there is no return variance to explain:
+    Var[R] = 0, or, given the Monte-Carlo returns ``mc_returns`` (``monte_carlo_returns``), Var[G] = 0. With
+    lambda < 1, R = A + V mixes in the critic's own values, so in a batch where every rollout earned the same
+    reward Var[R] is only the critic's own spread and the ratio is an arbitrary (often large negative)
+    number; NeMo-RL and verl clamp the denominator and report it."""
     mk = mask.bool()
     r, v = returns[mk].double(), values[mk].double()
     if r.numel() < 2:
+        return None
+    if mc_returns is not None and float(mc_returns[mk].double().var(unbiased=False)) == 0.0:
         return None
     var_r = r.var(unbiased=False)
     if float(var_r) == 0.0:

@@ -199,6 +199,36 @@ def _write_index(pipeline: Pipeline) -> None:
     (pipeline.dir / "pipeline.json").write_text(json.dumps(index, indent=1))
 
 
+def _stage_steps(run_dir: Path) -> int:
+    """Steps a stage trained: its summary's ``steps``, else the last step in its metrics (0 without either)."""
+    try:
+        return int(json.loads((run_dir / "summary.json").read_text())["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        lines = [ln for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        return int(json.loads(lines[-1])["step"]) if lines else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def stage_position(run_dir: str | Path) -> dict[str, Any] | None:
+    """Where a run directory sits in its pipeline (its parent holds ``pipeline.json`` naming it as a stage):
+    ``pipeline`` (the pipeline directory), ``stage_index`` and ``step_offset`` (the steps of the stages before
+    it, so reports draw the stages on one timeline); None for a run outside a pipeline."""
+    run_dir = Path(run_dir)
+    index = run_dir.parent / "pipeline.json"
+    try:
+        names = [str(s["name"]) for s in json.loads(index.read_text())["stages"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if run_dir.name not in names:
+        return None
+    k = names.index(run_dir.name)
+    return {"pipeline": run_dir.parent, "stage_index": k,
+            "step_offset": sum(_stage_steps(run_dir.parent / n) for n in names[:k])}
+
+
 def expand_pipeline_dirs(run_dirs: Sequence[str | Path]) -> list[str]:
     """Run directories with every pipeline directory (one holding ``pipeline.json``) replaced by its stages'."""
     out: list[str] = []

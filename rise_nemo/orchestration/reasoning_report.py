@@ -1,28 +1,83 @@
 """Report plots and Markdown for reasoning runs (evaluations of rise_nemo.orchestration.reasoning_eval).
 
-Plots: ``pass_at_k.png`` pass@k vs k at the last evaluation (one panel per difficulty level shown, one line
-per run, the first evaluation dashed); ``pass_vs_step.png`` pass@1 and pass@n vs training step per run
-(all held-out problems pooled by level mean); ``reasoning_train.png`` training reward and the critic's
-explained variance.
+One colour per *track*: a run, or the stages of a pipeline (ExpRL's Stage I then Stage II,
+rise_nemo.orchestration.pipeline) on one timeline: a later stage's steps follow the earlier stages' and
+each stage boundary is a grey dash-dot line on every plot over steps. Step axes have integer ticks; every
+legend sits below the axes with one entry per track plus the line styles.
+
+- ``pass_at_k.png``: pass@k vs k on up to four held-out levels, before training (the first evaluation,
+  dashed), after each earlier stage of a pipeline (dash-dot) and after training (the last one, solid).
+- ``pass_vs_step.png``: held-out pass@1 (solid) and pass@n (dotted) vs step, pooled over each run's
+  TRAINING levels only (``data.task.train_levels``; every evaluated level when the run trains on all).
+- ``reasoning_train.png``: the training reward in separate panels for the verifier's 0/1 reward and the
+  reference judge's normalised score (different scales, never one axis), and the critic's explained
+  variance when a run has a critic (undefined steps are gaps).
+- ``rrl.png`` (RRL runs): replay-buffer size, replay fraction, solve rate of replayed vs from-scratch
+  rollouts, and the step the state search started.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 MAX_LEVEL_PANELS = 4
+JUDGE_REWARDS = ("reference_outcome", "reference_process")  # rise_nemo.methods Method.reward of ExpRL Stage I
+BOUNDARY = {"color": "0.35", "linestyle": "-.", "linewidth": 1.0}  # a pipeline's stage boundary
 
 
 def is_reasoning_run(run: Any) -> bool:
     return any(e.get("kind") == "reasoning" for e in run.evals)
 
 
-def _level_mean(ev: dict[str, Any], k: str) -> float | None:
-    vals = [lv["pass_at_k"].get(k) for lv in ev["levels"].values()]
-    vals = [v for v in vals if v is not None]
-    return sum(vals) / len(vals) if vals else None
+def _reasoning_evals(run: Any) -> list[dict[str, Any]]:
+    return [e for e in run.evals if e.get("kind") == "reasoning"]
+
+
+@dataclass
+class Track:
+    """What one colour stands for: a run, or a pipeline's stages in order."""
+
+    label: str
+    stages: list[Any]  # report.RunData, in timeline order
+
+    def boundaries(self) -> list[tuple[int, str]]:
+        """(plotted step, stage name) where each stage after the first begins."""
+        return [(s.step_offset, s.path.name) for s in self.stages if s.stage_index > 0]
+
+
+def make_tracks(runs: Sequence[Any]) -> list[Track]:
+    """Runs grouped by pipeline (order of first appearance), each pipeline's stages in stage order."""
+    groups: dict[Path, list[Any]] = {}
+    for run in runs:
+        groups.setdefault(run.pipeline if run.pipeline is not None else run.path, []).append(run)
+    out = []
+    for key, stages in groups.items():
+        stages.sort(key=lambda r: r.stage_index)
+        label = f"{key.name} (s{stages[0].seed})" if len(stages) > 1 else stages[0].label
+        out.append(Track(label, stages))
+    return out
+
+
+def training_levels(run: Any) -> list[int] | None:
+    """The levels a run trains on (the embedded task's ``data.task.train_levels``); None = every level."""
+    data = run.config.get("data") or {}
+    levels = (data.get("task") or {}).get("train_levels") if data.get("source") == "chain_arithmetic" else None
+    return sorted(int(x) for x in levels) if levels else None
+
+
+def levels_name(levels: Sequence[int]) -> str:
+    """[6, 7, 8, 9, 10] -> 'L6-10'; [2, 5] -> 'L2,5'."""
+    ordered = sorted(levels)
+    if ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"L{ordered[0]}-{ordered[-1]}" if len(ordered) > 1 else f"L{ordered[0]}"
+    return "L" + ",".join(map(str, ordered))
+
+
+def _run_levels(run: Any, ev: dict[str, Any]) -> list[int]:
+    return training_levels(run) or sorted(int(x) for x in ev["levels"])
 
 
 def _shown_levels(runs: Sequence[Any]) -> list[str]:
@@ -33,80 +88,206 @@ def _shown_levels(runs: Sequence[Any]) -> list[str]:
     return [levels[i] for i in idx]
 
 
-def write_reasoning_plots(runs: Sequence[Any], out_dir: Path) -> list[Path]:
+def _snapshots(track: Track) -> list[tuple[dict[str, Any], str]]:
+    """(evaluation, line style) drawn in pass@k vs k: before training (the track's first evaluation, "--"),
+    after each earlier stage of a pipeline ("-.") and after training (its last evaluation, "-")."""
+    stages = [(s, _reasoning_evals(s)) for s in track.stages]
+    stages = [(s, evs) for s, evs in stages if evs]
+    if not stages:
+        return []
+    first, last = stages[0][1][0], stages[-1][1][-1]
+    out = [] if first is last else [(first, "--")]
+    return out + [(evs[-1], "-.") for _, evs in stages[:-1]] + [(last, "-")]
+
+
+def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
+    """The reasoning report's matplotlib figures by file name (not yet saved); module docstring."""
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator, NullLocator, ScalarFormatter
 
+    from rise_nemo.methods import METHODS
+    from rise_nemo.orchestration.reasoning_warm_start import pooled_pass_at_k
     from rise_nemo.orchestration.report import _series
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    out: list[Path] = []
+    tracks = make_tracks(runs)
+    color = {id(t): colors[i % len(colors)] for i, t in enumerate(tracks)}
+    on_axes: dict[Any, list[Track]] = {}  # the tracks drawn on each axes
+    figures: dict[str, Any] = {}
+
+    def draw(ax, track: Track, xs, ys, *fmt, **kw) -> None:
+        ax.plot(xs, ys, *fmt, color=color[id(track)], **kw)
+        if all(t is not track for t in on_axes.setdefault(ax, [])):
+            on_axes[ax].append(track)
+
+    def key_line(label: str, **style) -> Line2D:
+        """A legend entry: a line style (dark grey unless a colour is given) and what it stands for."""
+        return Line2D([], [], label=label, **{"color": "0.2", **style})
+
+    def legend_below(fig, handles: list[Line2D]) -> None:
+        """One legend per figure, outside (below) the axes, whatever the number of runs."""
+        if handles:
+            fig.legend(handles=handles, loc="outside lower center", ncol=min(3, len(handles)), fontsize=7,
+                       frameon=False)
+
+    def step_axes(axes) -> list[Line2D]:
+        """Integer step ticks; the stage boundaries of the pipelines drawn on each axes. Returns the
+        boundaries' legend entry (none when no pipeline is drawn)."""
+        names: set[str] = set()
+        for ax in axes:
+            bounds = {x: name for t in on_axes.get(ax, []) for x, name in t.boundaries()}
+            ax.set_xlabel("step (pipeline stages in order)" if bounds else "step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+            for x in sorted(bounds):
+                ax.axvline(x, **BOUNDARY)
+            names.update(bounds.values())
+        return [key_line(f"stage boundary ({', '.join(sorted(names))} starts)", **BOUNDARY)] if names else []
+
+    def track_handles(axes, suffix=lambda t: "") -> list[Line2D]:
+        """One legend entry per track drawn on ``axes``, in track order."""
+        drawn = {id(t) for ax in axes for t in on_axes.get(ax, [])}
+        return [key_line(t.label + suffix(t), color=color[id(t)], linewidth=2) for t in tracks if id(t) in drawn]
+
+    # 1. pass@k vs k per shown level: before / after each earlier stage / after.
     levels = _shown_levels(runs)
-    fig, axes = plt.subplots(1, max(1, len(levels)), figsize=(3.2 * max(1, len(levels)), 3.4), squeeze=False)
-    for ax, level in zip(axes[0], levels):
-        for i, run in enumerate(runs):
-            evs = [e for e in run.evals if level in e.get("levels", {})]
-            for ev, style in ((evs[0], "--"), (evs[-1], "-")) if evs else ():
-                pk = ev["levels"][level]["pass_at_k"]
-                pts = [(int(k), v) for k, v in pk.items() if v is not None]
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=colors[i % len(colors)], marker=".",
-                        label=f"{run.label} @{ev['step']}")
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"level {level}", fontsize=9)
-        ax.set_xlabel("k")
-        ax.set_ylim(0, 1)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("pass@k")
-    if axes[0][0].get_legend_handles_labels()[0]:
-        axes[0][0].legend(fontsize=6)
-    fig.suptitle("pass@k vs k (first evaluation dashed, last solid)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out_dir / "pass_at_k.png", dpi=110)
-    plt.close(fig)
-    out.append(out_dir / "pass_at_k.png")
+    if levels:
+        fig, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels) + 0.4, 4.2), squeeze=False,
+                                 layout="constrained")
+        used: set[str] = set()
+        for ax, level in zip(axes[0], levels):
+            ks: set[int] = set()
+            for track in tracks:
+                for ev, style in _snapshots(track):
+                    pk = (ev.get("levels", {}).get(level) or {}).get("pass_at_k", {})
+                    pts = sorted((int(k), v) for k, v in pk.items() if v is not None)
+                    if pts:
+                        draw(ax, track, [p[0] for p in pts], [p[1] for p in pts], style, marker=".")
+                        ks.update(p[0] for p in pts)
+                        used.add(style)
+            trained = [lv is None or int(level) in lv for lv in (training_levels(r) for r in runs)]
+            note = " (training level)" if all(trained) else " (not trained on)" if not any(trained) else ""
+            ax.set_title(f"level {level}{note}", fontsize=9)
+            ax.set_xscale("log", base=2)
+            if ks:
+                ax.set_xticks(sorted(ks))
+                ax.xaxis.set_major_formatter(ScalarFormatter())
+                ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xlabel("k")
+            ax.set_ylim(0, 1)
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("held-out pass@k")
+        earlier = ", ".join(sorted({s.path.name for t in tracks for s in t.stages[:-1]}))
+        meaning = {"--": "before training (first evaluation)", "-.": f"after {earlier} (an earlier pipeline stage)",
+                   "-": "after training (last evaluation)"}
+        legend_below(fig, track_handles(axes[0]) + [key_line(meaning[st], linestyle=st) for st in meaning if st in used])
+        fig.suptitle("held-out pass@k vs k: before (dashed) and after (solid) training", fontsize=10)
+        figures["pass_at_k.png"] = fig
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, run in enumerate(runs):
-        c = colors[i % len(colors)]
-        evs = [e for e in run.evals if e.get("kind") == "reasoning"]
-        if not evs:
-            continue
-        n = str(evs[-1]["samples_per_problem"])
-        for k, style in (("1", "-"), (n, ":")):
-            pts = [(e["step"], _level_mean(e, k)) for e in evs]
-            pts = [p for p in pts if p[1] is not None]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=c, marker="o", label=f"{run.label} pass@{k}")
-    ax.set_title("held-out pass@1 (solid) and pass@n (dotted) vs step, mean over levels")
-    ax.set_xlabel("step")
-    ax.set_ylabel("pass@k")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "pass_vs_step.png", dpi=110)
-    plt.close(fig)
-    out.append(out_dir / "pass_vs_step.png")
+    # 2. pass@1 / pass@n vs step on each run's training levels.
+    fig, ax = plt.subplots(figsize=(7.5, 4.6), layout="constrained")
+    ns, level_text = set(), {}
+    for track in tracks:
+        names = []
+        for stage in track.stages:
+            evs = _reasoning_evals(stage)
+            if not evs:
+                continue
+            lv = _run_levels(stage, evs[-1])
+            names.append((stage.path.name, levels_name(lv) if training_levels(stage) else f"all levels {levels_name(lv)}"))
+            n = int(evs[-1]["samples_per_problem"])
+            ns.add(n)
+            for k, style in ((1, "-"), (n, ":")):
+                pts = [(stage.at(e["step"]), pooled_pass_at_k(e, lv, k)) for e in evs]
+                pts = [p for p in pts if p[1] is not None]
+                if pts:
+                    draw(ax, track, [p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3)
+        level_text[id(track)] = (names[0][1] if len({t for _, t in names}) == 1 else
+                                 ", ".join(f"{s} {t}" for s, t in names)) if names else ""
+    shared = set(level_text.values())
+    where = f"the training levels {next(iter(shared))}" if len(shared) == 1 else "each run's training levels"
+    ax.set_title(f"held-out pass@1 (solid) and pass@n (dotted) on {where}", fontsize=10)
+    ax.set_ylabel("pass@k, pooled over the training levels")
+    bounds = step_axes([ax])
+    n_text = f"n = {next(iter(ns))}" if len(ns) == 1 else "n = samples per problem"
+    legend_below(fig, track_handles([ax], lambda t: "" if len(shared) == 1 else f": {level_text[id(t)]}")
+                 + [key_line("pass@1", marker="o", ms=3), key_line(f"pass@n ({n_text})", linestyle=":", marker="o",
+                                                                   ms=3)]
+                 + bounds)
+    figures["pass_vs_step.png"] = fig
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-    for i, run in enumerate(runs):
-        c = colors[i % len(colors)]
-        for ax, key in zip(axes, ("reward/mean", "critic/explained_variance")):
-            xs, ys = _series(run, key)
-            if xs:
-                ax.plot(xs, ys, color=c, label=run.label)
-    for ax, title in zip(axes, ("training reward (verifier)", "critic explained variance")):
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    if axes[0].get_legend_handles_labels()[0]:
-        axes[0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out_dir / "reasoning_train.png", dpi=110)
-    plt.close(fig)
-    out.append(out_dir / "reasoning_train.png")
-    return out
+    # 3. Training: verifier reward and judge score in their own panels; the critic's explained variance.
+    def reward_kind(run: Any) -> str:
+        method = METHODS.get(run.method)
+        return "judge" if method is not None and method.reward in JUDGE_REWARDS else "verifier"
+
+    panels = []  # (key, run filter, title, y label, y limits, gaps)
+    for kind, title, ylabel in (
+            ("verifier", "training reward: verifier (0/1)", "mean reward (fraction correct)"),
+            ("judge", "training reward: reference judge", "mean judge score, (s - 1) / 4 of 1..5")):
+        if any(reward_kind(r) == kind and _series(r, "reward/mean")[0] for r in runs):
+            panels.append(("reward/mean", lambda r, k=kind: reward_kind(r) == k, title, ylabel, (-0.03, 1.03), False))
+    if any(_series(r, "critic/explained_variance")[0] for r in runs):
+        panels.append(("critic/explained_variance", lambda r: True, "critic explained variance",
+                       "1 - Var[R - V] / Var[R] (gaps: undefined)", None, True))
+    if panels:
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.6, 4.2), squeeze=False,
+                                 layout="constrained")
+        for ax, (key, keep, title, ylabel, ylim, gaps) in zip(axes[0], panels):
+            for track in tracks:
+                for stage in track.stages:
+                    xs, ys = _series(stage, key, gaps=gaps) if keep(stage) else ([], [])
+                    if xs:
+                        draw(ax, track, xs, ys, marker="." if len(xs) <= 40 else None)
+            ax.set_title(title, fontsize=9)
+            ax.set_ylabel(ylabel)
+            if ylim:
+                ax.set_ylim(*ylim)
+        bounds = step_axes(axes[0])
+        legend_below(fig, track_handles(axes[0]) + bounds)
+        figures["reasoning_train.png"] = fig
+
+    # 4. RRL: the replay buffer, how many rollouts replay, and what they solve vs rollouts from scratch.
+    if any(_series(r, "rrl/buffer_size")[0] for r in runs):
+        fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), layout="constrained")
+        started = False
+        for track in tracks:
+            c = color[id(track)]
+            for stage in track.stages:
+                for ax, key, style in ((axes[0], "rrl/buffer_size", "-"), (axes[1], "rrl/replay_fraction", "-"),
+                                       (axes[2], "rrl/solve_rate_replayed", "-"), (axes[2], "rrl/solve_rate_scratch", "--")):
+                    xs, ys = _series(stage, key)
+                    if xs:
+                        draw(ax, track, xs, ys, style, marker=".")
+                first = next((stage.at(m["step"]) for m in stage.metrics if m.get("rrl/stabilised")), None)
+                if first is not None and _series(stage, "rrl/buffer_size")[0]:
+                    started = True
+                    for ax in axes:
+                        ax.axvline(first, color=c, linestyle=":", linewidth=1.2)
+        for ax, title, ylabel in zip(axes, ("replay buffer", "rollouts continuing a replayed state",
+                                            "solve rate (verifier)"),
+                                     ("states in the buffer", "fraction of the step's rollouts", "fraction correct")):
+            ax.set_title(title, fontsize=9)
+            ax.set_ylabel(ylabel)
+        axes[1].set_ylim(-0.03, 1.03)
+        axes[2].set_ylim(-0.03, 1.03)
+        bounds = step_axes(axes)
+        legend_below(fig, track_handles(axes) + [key_line("solve rate from replayed states"),
+                                                  key_line("solve rate from scratch", linestyle="--")]
+                     + ([key_line("critic stabilised: state search starts", linestyle=":")] if started else [])
+                     + bounds)
+        figures["rrl.png"] = fig
+    return figures
+
+
+def write_reasoning_plots(runs: Sequence[Any], out_dir: Path) -> list[Path]:
+    from rise_nemo.orchestration.report import write_plots
+
+    return write_plots(runs, out_dir, build=build_reasoning_figures)
 
 
 def reasoning_markdown(runs: Sequence[Any], plots: Sequence[Path]) -> str:
@@ -115,12 +296,16 @@ def reasoning_markdown(runs: Sequence[Any], plots: Sequence[Path]) -> str:
 
     lines = ["# rise_nemo reasoning report", "", "## Held-out pass@k per level (first -> last evaluation)", ""]
     for run in runs:
-        evs = [e for e in run.evals if e.get("kind") == "reasoning"]
+        evs = _reasoning_evals(run)
         if not evs:
             continue
         first, last = evs[0], evs[-1]
         ks = list(next(iter(last["levels"].values()))["pass_at_k"])
-        lines += [f"### {run.label} (method {run.method}, steps {first['step']} -> {last['step']})", "",
+        where = (f"; stage {run.stage_index + 1} of {run.pipeline.name}, plotted from step {run.step_offset}"
+                 if run.pipeline is not None else "")
+        train = training_levels(run)
+        lines += [f"### {run.label} (method {run.method}, steps {first['step']} -> {last['step']}, training levels "
+                  f"{levels_name(train) if train else 'all'}{where})", "",
                   "| level | " + " | ".join(f"pass@{k}" for k in ks) + " | step acc |",
                   "|---|" + "---|" * (len(ks) + 1)]
         for level, lv in last["levels"].items():

@@ -39,7 +39,14 @@ import torch
 from rise_nemo.core.advantages import group_advantages
 from rise_nemo.core.metrics import perplexity_variance
 from rise_nemo.core.problem import ReasoningProblem
-from rise_nemo.core.value import explained_variance, gae, make_value_loss, terminal_token_rewards, whiten
+from rise_nemo.core.value import (
+    explained_variance,
+    gae,
+    make_value_loss,
+    monte_carlo_returns,
+    terminal_token_rewards,
+    whiten,
+)
 from rise_nemo.interfaces import KIND_NATURAL, Critic, Generator, Policy, Rollout, Verifier
 from rise_nemo.methods import Method
 from rise_nemo.orchestration import exprl
@@ -261,8 +268,8 @@ def add_gae_columns(ctx: ReasoningContext, batch: dict[str, torch.Tensor], row_r
     p = ctx.cfg.ppo
     mask = batch["token_mask"]  # [B, T], sampled response tokens
     values = ctx.critic.get_values(batch)  # [B, T], V(input_ids[:, :t])
-    adv, returns = gae(terminal_token_rewards(row_rewards, mask), values, mask, float(p.gae_gamma),
-                       float(p.gae_lambda))
+    token_rewards = terminal_token_rewards(row_rewards, mask)
+    adv, returns = gae(token_rewards, values, mask, float(p.gae_gamma), float(p.gae_lambda))
     if p.normalize_advantages:
         adv = whiten(adv, mask)
     batch["token_advantages"] = adv
@@ -270,7 +277,9 @@ def add_gae_columns(ctx: ReasoningContext, batch: dict[str, torch.Tensor], row_r
     batch["values"] = values
     batch["returns"] = returns
     batch["value_token_count"] = torch.full((mask.shape[0],), float(mask.sum()))
-    return {"critic/explained_variance": explained_variance(values, returns, mask),
+    # Undefined (null) when every rollout earned the same return: nothing for the critic to explain.
+    ev = explained_variance(values, returns, mask, mc_returns=monte_carlo_returns(token_rewards, mask, float(p.gae_gamma)))
+    return {"critic/explained_variance": ev,
             "critic/value_mean": float(values[mask.bool()].mean()) if bool(mask.any()) else None}
 
 

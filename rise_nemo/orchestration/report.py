@@ -30,6 +30,17 @@ class RunData:
     metrics: list[dict[str, Any]]
     evals: list[dict[str, Any]] = field(default_factory=list)
     switch_step: int | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    # A pipeline's stage (rise_nemo.orchestration.pipeline): the pipeline directory, the stage's position and
+    # the steps of the stages before it, so every stage is drawn on one timeline (this stage's step s at
+    # step_offset + s).
+    pipeline: Path | None = None
+    stage_index: int = 0
+    step_offset: int = 0
+
+    def at(self, step: int) -> int:
+        """The plotted step of this run's ``step`` (after the earlier stages of its pipeline)."""
+        return self.step_offset + int(step)
 
 
 def load_run(path: str | Path) -> RunData:
@@ -50,8 +61,11 @@ def load_run(path: str | Path) -> RunData:
     evals = [json.loads(p.read_text()) for p in sorted((path / "eval").glob("step_*.json"))] \
         if (path / "eval").is_dir() else []
     label = f"{path.name} (s{seed})" if method in path.name else f"{method} {path.name} (s{seed})"
-    return RunData(path, label, method, seed, metrics, evals,
-                   switch_step=_switch_step(metrics))
+    from rise_nemo.orchestration.pipeline import stage_position
+
+    position = stage_position(path)
+    return RunData(path, label, method, seed, metrics, evals, switch_step=_switch_step(metrics),
+                   config=cfg if isinstance(cfg, dict) else {}, **(position or {}))
 
 
 def curve_auc(curve: Sequence[tuple[int, float]]) -> float:
@@ -75,13 +89,19 @@ def _switch_step(metrics: Sequence[dict[str, Any]]) -> int | None:
     return None
 
 
-def _series(run: RunData, key: str) -> tuple[list[int], list[float]]:
+def _series(run: RunData, key: str, gaps: bool = False) -> tuple[list[int], list[float]]:
+    """(plotted steps, values) of a metric. An undefined value (null, e.g. the critic's explained variance on
+    a step where every rollout earned the same reward) is left out, or with ``gaps`` kept as NaN so that the
+    line breaks there; a step without the key is always left out."""
     xs, ys = [], []
     for m in run.metrics:
         v = m.get(key)
         if isinstance(v, int | float) and not isinstance(v, bool):
-            xs.append(int(m["step"]))
+            xs.append(run.at(m["step"]))
             ys.append(float(v))
+        elif gaps and key in m and v is None:
+            xs.append(run.at(m["step"]))
+            ys.append(float("nan"))
     return xs, ys
 
 
@@ -106,7 +126,7 @@ def build_figures(runs: Sequence[RunData]) -> dict[str, Any]:
         for i, run in enumerate(runs):  # the guidance switch, on every plot over steps
             if run.switch_step is not None:
                 for j, ax in enumerate(axes):
-                    ax.axvline(run.switch_step, color=colors[i % len(colors)], linestyle=":",
+                    ax.axvline(run.at(run.switch_step), color=colors[i % len(colors)], linestyle=":",
                                label=f"{run.label} guidance removed @ {run.switch_step}" if j == 0 else None)
         handles, labels = [], []
         for ax in axes:
@@ -170,7 +190,7 @@ def build_figures(runs: Sequence[RunData]) -> dict[str, Any]:
     for i, run in enumerate(runs):
         c = colors[i % len(colors)]
         for ax, (key, _, _, scale) in zip(axes, panels):
-            pts = [(e["step"], e.get(key)) for e in run.evals if e.get(key) is not None]
+            pts = [(run.at(e["step"]), e.get(key)) for e in run.evals if e.get(key) is not None]
             if pts:
                 ax.plot([p[0] for p in pts], [scale * p[1] for p in pts], color=c, marker="o",
                         label=run.label if key == "reward_mean" else None)
@@ -182,11 +202,12 @@ def build_figures(runs: Sequence[RunData]) -> dict[str, Any]:
     return figures
 
 
-def write_plots(runs: Sequence[RunData], out_dir: Path) -> list[Path]:
+def write_plots(runs: Sequence[RunData], out_dir: Path, build=build_figures) -> list[Path]:
+    """Save the figures of ``build(runs)`` (file name -> figure) into ``out_dir``; returns their paths."""
     import matplotlib.pyplot as plt
 
     out: list[Path] = []
-    for name, fig in build_figures(runs).items():
+    for name, fig in build(runs).items():
         fig.savefig(out_dir / name, dpi=110)
         plt.close(fig)
         out.append(out_dir / name)

@@ -363,7 +363,7 @@ class Trainer:
                      metrics["step"])
         if bar is not None:
             bar.update(1)
-            bar.set_postfix({short: _fmt(metrics.get(key)) for key, short in self._progress_keys}, refresh=False)
+            bar.set_postfix(progress_postfix(metrics, self._progress_keys), refresh=False)
         else:
             log.debug("step %d %s", metrics["step"], {k: metrics.get(k) for k, _ in self._progress_keys})
 
@@ -470,6 +470,12 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     if path.is_dir():
         path = path / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def progress_postfix(metrics: dict[str, Any], keys: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """The progress bar's fields: ``keys`` (metric, short name) of the step; an undefined metric (None, e.g. the
+    critic's explained variance on a step where every rollout earned the same reward) is left out."""
+    return {short: _fmt(metrics[key]) for key, short in keys if metrics.get(key) is not None}
 
 
 def _fmt(x: Any) -> str:

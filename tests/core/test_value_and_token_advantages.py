@@ -163,3 +163,34 @@ def test_explained_variance():
     assert explained_variance(ret, ret, mask) == pytest.approx(1.0)
     assert explained_variance(torch.full_like(ret, 2.5), ret, mask) == pytest.approx(0.0)
     assert explained_variance(ret, torch.ones_like(ret), mask) is None
+
+
+def test_explained_variance_is_undefined_when_every_rollout_earned_the_same_return():
+    """Issue 22 item 9: with lambda < 1 the value targets R = A + V mix in the critic's own values, so a batch
+    in which every rollout earned the same reward still has Var[R] > 0 and the old statistic came out as an
+    arbitrary negative number (-0.6..-3.5 in the issue). Undefined (None) when the Monte-Carlo returns have
+    no variance; unchanged otherwise."""
+    from rise_nemo.core.value import monte_carlo_returns
+
+    mask = torch.zeros(3, 6)
+    mask[0, 1:5] = 1
+    mask[1, 2:6] = 1
+    mask[2, 1:4] = 1
+    values = torch.tensor([[0.0, 0.3, -0.2, 0.5, 0.1, 0.0], [0.0, 0.0, 0.4, 0.2, -0.3, 0.6],
+                           [0.0, -0.1, 0.2, 0.7, 0.0, 0.0]])
+    for reward in (0.0, 1.0):
+        token_rewards = terminal_token_rewards(torch.full((3,), reward), mask)
+        _, returns = gae(token_rewards, values, mask, gamma=1.0, lam=0.95)
+        assert returns[mask.bool()].var() > 0  # the lambda-returns vary: the old EV was a number
+        mc = monte_carlo_returns(token_rewards, mask, gamma=1.0)
+        assert torch.equal(mc[mask.bool()], torch.full((int(mask.sum()),), reward))
+        assert explained_variance(values, returns, mask, mc_returns=mc) is None
+    # a batch with different outcomes: defined, and the same number as without the Monte-Carlo check
+    token_rewards = terminal_token_rewards(torch.tensor([1.0, 0.0, 0.0]), mask)
+    _, returns = gae(token_rewards, values, mask, gamma=1.0, lam=0.95)
+    mc = monte_carlo_returns(token_rewards, mask, gamma=1.0)
+    ev = explained_variance(values, returns, mask, mc_returns=mc)
+    assert ev is not None and ev == pytest.approx(explained_variance(values, returns, mask))
+    # discounting makes equal rewards differ by position: defined then
+    mc_discounted = monte_carlo_returns(terminal_token_rewards(torch.ones(3), mask), mask, gamma=0.9)
+    assert explained_variance(values, returns, mask, mc_returns=mc_discounted) is not None
