@@ -219,6 +219,10 @@ class EvalCfg:
     top_p: float | None = None  # None -> grpo.top_p
     max_new_tokens: int | None = None  # None -> grpo.max_new_tokens
     persistent_tag: str = "persistent"  # criteria carrying this tag count towards persistent coverage
+    # The evaluation at step s samples on the stream of step stream_offset + s (orchestration.evaluate). A
+    # pipeline stage that starts from the previous stage's final weights (init: previous) gets the step those
+    # weights come from, so its step-0 evaluation repeats the previous stage's final one exactly (pipeline.py).
+    stream_offset: int = 0
 
 
 @dataclass
@@ -275,6 +279,7 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "train.keep_checkpoints": (lambda v: v >= 0, ">= 0"),
     "train.log_samples": (lambda v: v >= 0, ">= 0"),
     "eval.every": (lambda v: v >= 0, ">= 0"),
+    "eval.stream_offset": (lambda v: v >= 0, ">= 0"),
     "exprl.segment_marker": (lambda v: len(v) > 0, "a non-empty string"),
     "rrl.beta": (lambda v: 0 <= v <= 1, "in [0, 1] (a probability)"),
     "rrl.steps_per_epoch": (lambda v: v is None or v >= 1, ">= 1 or null"),
