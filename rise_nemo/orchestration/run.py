@@ -101,6 +101,10 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
         method = get_method(str(cfg.method))
         check_real_model(cfg)
         train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
+        if method.name == "rrl":
+            from rise_nemo.orchestration.rrl import check_granularity
+
+            check_granularity(cfg, train_prompts)
         check_backend(cfg)
         # Reasoning methods score with a verifier (ExpRL's also with a reference judge); the rubric methods need
         # the rubric judge. Both are checked (and HTTP judges probed) before any model is built.

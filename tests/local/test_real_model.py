@@ -147,3 +147,12 @@ def test_exprl_on_real_text_with_the_embedded_rule_judge_is_refused(model_dir, t
     rc = main(_args(model_dir, tmp_path / "run", "grpo_gsm8k_local", "method=exprl_outcome"))
     err = [x for x in capsys.readouterr().err.strip().splitlines() if not x.startswith("[rise-nemo] loaded")]
     assert rc == 2 and len(err) == 1 and "judge.type" in err[0] and "judge.type=http" in err[0], err
+
+
+def test_rrl_on_gsm8k_stores_states_at_the_default_granularity(model_dir, tmp_path):
+    """Issue 22 item 11 on the real path: RRL's default cut points (line breaks) exist in real solutions, so
+    the buffer fills from the first step (the old default, a literal "step" marker, stored nothing)."""
+    run = tmp_path / "rrl"
+    assert main(_args(model_dir, run, "ppo_gsm8k_local", "method=rrl", "rrl.stabilise.max_steps=0")) == 0
+    metrics = read_metrics(run)
+    assert metrics[0]["rrl/states_added"] > 0 and all(m["rrl/buffer_size"] > 0 for m in metrics), metrics
