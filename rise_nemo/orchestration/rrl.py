@@ -57,10 +57,15 @@ def check_granularity(cfg: Any, problems: Sequence[Any]) -> None:
     if granularity == "token" or not refs:
         return
     cuts = (lambda t: "\n" in t) if granularity == "line" else (lambda t: marker in t[1:])
-    if any(cuts(t) for t in refs):
-        return
+    n_cut = sum(cuts(t) for t in refs)
     what = "a line break" if granularity == "line" else f"the marker {marker!r} (rrl.step_marker)"
     other = "step (with rrl.step_marker)" if granularity == "line" else "line"
+    if 2 * n_cut < len(refs) and n_cut:  # canonical states only for these; policy states as the policy writes
+        log.warning("rrl.granularity %r: only %d of %d training reference solutions have %s, so only their "
+                    "canonical solutions give states (consider rrl.granularity=%s or token)", granularity, n_cut,
+                    len(refs), what, other)
+    if n_cut:
+        return
     raise UserError(f"config key 'rrl.granularity': {granularity!r} cuts states at {what}, but none of the "
                     f"{len(refs)} training reference solutions has one, so no state would ever be stored; use "
                     f"rrl.granularity={other} or token")
