@@ -141,7 +141,15 @@ class ExprlCfg:
 
     normalisation: Literal["smooth", "extremes"] = "smooth"  # core.exprl.normalise_score
     segment_marker: str = "###"  # ExpRL-Process cuts rollouts at this marker (the embedded task: "step")
-    segment_view: Literal["segment", "prefix"] = "segment"  # judge each segment alone (ExpRL's code) or the prefix
+    # process mode: segment k is graded as the prefix 1..k (the paper's text, the default) or on its own
+    # ("segment": ExpRL's code, cheaper prompts; the embedded process recipe keeps it)
+    segment_view: Literal["segment", "prefix"] = "prefix"
+    # A truncated rollout (no EOS within max_new_tokens), one rule in both modes (docs/DESIGN.md §8.2): "judge"
+    # = graded like any other, on the text it wrote (outcome: its score is its reward in the group; process: its
+    # segments' scores give A_t); "zero" = scored 0 without a judge call (outcome: reward 0 in the group;
+    # process: every segment 0, so A_t = 0: no process signal). The embedded ExpRL recipes keep "zero", their
+    # measured setting.
+    truncated: Literal["judge", "zero"] = "judge"
     teacher_intro: str = "Reference solution:"  # self_distillation: text before the reference in the teacher's context
 
 
@@ -167,7 +175,10 @@ class RrlCfg:
     # where states come from: policy (argmax V over a generated solution, Alg. 1 line 8) and canonical (the
     # reference solution of a problem whose rollout was wrong, line 9); [canonical] = RRL-CS, [policy] = RRL-PGS
     state_sources: list[Literal["policy", "canonical"]] = field(default_factory=lambda: ["policy", "canonical"])
-    granularity: Literal["token", "line", "step"] = "step"  # allowed cut points (core.replay.state_boundaries)
+    # allowed cut points (core.replay.state_boundaries): after a line break (real solutions: one step a line),
+    # before ``step_marker`` (the embedded task, whose recipe sets it), or any token. A granularity that cuts none
+    # of the training references is refused (orchestration.rrl.check_granularity).
+    granularity: Literal["token", "line", "step"] = "line"
     step_marker: str = "step"  # granularity step: a state ends before this marker (the embedded task's steps)
     stabilise: RrlStabiliseCfg = field(default_factory=RrlStabiliseCfg)
 
@@ -219,6 +230,10 @@ class EvalCfg:
     top_p: float | None = None  # None -> grpo.top_p
     max_new_tokens: int | None = None  # None -> grpo.max_new_tokens
     persistent_tag: str = "persistent"  # criteria carrying this tag count towards persistent coverage
+    # The evaluation at step s samples on the stream of step stream_offset + s (orchestration.evaluate). A
+    # pipeline stage that starts from the previous stage's final weights (init: previous) gets the step those
+    # weights come from, so its step-0 evaluation repeats the previous stage's final one exactly (pipeline.py).
+    stream_offset: int = 0
 
 
 @dataclass
@@ -275,6 +290,7 @@ RANGE_CHECKS: dict[str, tuple[Any, str]] = {
     "train.keep_checkpoints": (lambda v: v >= 0, ">= 0"),
     "train.log_samples": (lambda v: v >= 0, ">= 0"),
     "eval.every": (lambda v: v >= 0, ">= 0"),
+    "eval.stream_offset": (lambda v: v >= 0, ">= 0"),
     "exprl.segment_marker": (lambda v: len(v) > 0, "a non-empty string"),
     "rrl.beta": (lambda v: 0 <= v <= 1, "in [0, 1] (a probability)"),
     "rrl.steps_per_epoch": (lambda v: v is None or v >= 1, ">= 1 or null"),

@@ -130,6 +130,61 @@ def load_prompts(cfg: Any) -> tuple[list[RubricPrompt], list[RubricPrompt]]:
     return list(train), list(held_out)
 
 
+def check_real_model(cfg: Any) -> None:
+    """Real-text reasoning data (``data.source: jsonl`` of a reasoning method: GSM8K, MATH, our own rows) on
+    the local backend needs a pretrained model: ``local.model_path``, a directory holding a Hugging Face causal
+    LM and its tokenizer. Without one the backend would build the tiny random model of the embedded task, whose
+    word tokenizer turns real text into unknown tokens, and train garbage: a one-line error naming the key. On
+    any backend, ExpRL on such data needs an LLM reference judge (the rule judge reads the embedded task only)."""
+    if cfg.data.source != "jsonl" or not _reasoning_method(cfg):
+        return
+    from rise_nemo.methods import get_method
+
+    judge = cfg.judge.get("type") if cfg.judge is not None else None
+    if get_method(str(cfg.method)).reward.startswith("reference_") and judge == "rule":
+        raise UserError(f"config key 'judge.type': the rule reference judge grades only the embedded task's steps; "
+                        f"ExpRL on data.source=jsonl ({cfg.data.train_path}) needs an LLM judge: judge.type=http "
+                        "(docs/DESIGN.md §8)")
+    if cfg.backend != "local":
+        return
+    local = cfg.local or {}
+    if local.get("model_path") is not None or local.get("model") is not None:
+        return
+    raise UserError(
+        f"config key 'local.model_path': data.source=jsonl (format {cfg.data.format}, {cfg.data.train_path}) is real "
+        "text, which the local backend's tiny random model and word tokenizer cannot read; set local.model_path to "
+        "a local directory holding a Hugging Face causal LM and its tokenizer (e.g. a downloaded "
+        "Qwen2.5-0.5B-Instruct), or train on the embedded task (data.source=chain_arithmetic)")
+
+
+UNK_CHECK_PROMPTS = 64  # training prompts (and references) encoded by check_tokenizer_covers
+
+
+def check_tokenizer_covers(cfg: Any, generator: Any, prompts: Sequence[Any]) -> None:
+    """A tokenizer with an unknown token (the word-level vocabularies of the embedded tasks) must not meet
+    text outside its vocabulary: the first ``UNK_CHECK_PROMPTS`` training prompts (rendered with the chat
+    template) and reference solutions are encoded, and any unknown token is a one-line error naming the key.
+    Byte-level tokenizers (every real LLM's) have no unknown token and pass untouched."""
+    tokenizer = getattr(getattr(generator, "engine", None), "tokenizer", None)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or not hasattr(generator, "encode_prompt"):
+        return
+    for prompt in list(prompts)[:UNK_CHECK_PROMPTS]:
+        texts = [("prompt", generator.encode_prompt(list(prompt.messages)))]
+        reference = getattr(prompt, "reference_solution", None)
+        if reference:
+            texts.append(("reference solution", tokenizer.encode(reference, add_special_tokens=False)))
+        for what, ids in texts:
+            if unk in ids:
+                words = [tokenizer.decode([i]) for i in ids]
+                where = f" ({cfg.data.train_path})" if cfg.data.source == "jsonl" else ""
+                raise UserError(
+                    f"config key 'local.tokenizer': {cfg.local.get('tokenizer') or cfg.local.get('model_path')!r} "
+                    f"cannot encode the {what} of training prompt {prompt.prompt_id!r}{where}: {ids.count(unk)} of "
+                    f"{len(ids)} tokens are unknown (near {' '.join(words[:12])!r}); a word-level tokenizer only "
+                    "covers its own task: set local.model_path to a pretrained model for real text")
+
+
 def load_prompts_checked(cfg: Any, env_sources: Mapping[str, str] | None = None):
     """``load_prompts`` with every data problem as a one-line ``UserError``: a missing file names the
     config key and, when an environment variable set it (``${oc.env:RISE_TRAIN_DATA,...}``), the variable."""

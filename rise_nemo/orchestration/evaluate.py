@@ -36,8 +36,10 @@ def eval_sampling_params(cfg: Any, step: int) -> SamplingParams:
         max_new_tokens=int(cfg.eval.max_new_tokens or cfg.grpo.max_new_tokens),
         temperature=float(cfg.eval.temperature),
         top_p=float(cfg.grpo.top_p if cfg.eval.top_p is None else cfg.eval.top_p),
-        # Seeded by the step: every method/checkpoint is evaluated on the same sampling stream.
-        seed=derive_seed(int(cfg.run.seed), step, STREAM_EVAL),
+        # Seeded by the step: every method/checkpoint is evaluated on the same sampling stream. A stage that
+        # continues another one's weights continues its steps (eval.stream_offset, pipeline.py), so the same
+        # weights are evaluated on the same stream in both stages.
+        seed=derive_seed(int(cfg.run.seed), int(cfg.eval.get("stream_offset", 0) or 0) + step, STREAM_EVAL),
     )
 
 

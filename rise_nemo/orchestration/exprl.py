@@ -1,7 +1,8 @@
 """ExpRL's Stage I scoring and its baselines, as hooks of the reasoning step (docs/DESIGN.md §8).
 
   exprl_outcome       reference judge grades the whole rollout 1-5 -> normalised reward -> GRPO group
-                      advantages (unknown -> excluded from the group's statistics; truncated -> 0)
+                      advantages (unknown -> excluded from the group's statistics; truncated -> judged
+                      as written, or 0 with ``exprl.truncated: zero``)
   exprl_process       the rollout is cut into segments at ``exprl.segment_marker`` (core.exprl), ALL its
                       segments are graded in one judge call, segment advantages A_1 = s_1 - s_T,
                       A_t = s_t - s_{t-1} on every token of the segment, no group normalisation
@@ -74,15 +75,17 @@ def reference_scores(ctx: Any, problems: Sequence[ReasoningProblem], groups: Seq
     spans: dict[tuple[int, int], list[tuple[int, int]]] = {}
     tokenizer = find_tokenizer(ctx.generator) if process else None
     truncated = single = 0
+    zero_truncated = str(ecfg.get("truncated", "judge")) == "zero"
     for i, (problem, group) in enumerate(zip(problems, groups)):
         for j, r in enumerate(group):
             if process:
                 spans[i, j], texts = rollout_segments(tokenizer, r, str(ecfg.segment_marker))
                 single += len(texts) == 1
-            if not r.finished:  # truncated: scores 0, never sent to the judge
+            if not r.finished:  # truncated: exprl.truncated says how (one rule for both modes, DESIGN §8.2)
                 truncated += 1
-                valid[i, j] = True
-                continue
+                if zero_truncated:  # scores 0, never sent to the judge
+                    valid[i, j] = True
+                    continue
             requests.append(ScoreRequest(problem, r.response_text, tuple(texts) if process else None))
             where.append((i, j))
     calls_before = ctx.reference_judge_calls()
@@ -105,9 +108,10 @@ def reference_scores(ctx: Any, problems: Sequence[ReasoningProblem], groups: Seq
                 if not valid[i, j]:
                     continue
                 length = len(r.response_token_ids)
-                s = seg_scores.get((i, j), [0.0] * len(spans[i, j]))  # truncated: every segment 0
+                s = seg_scores.get((i, j), [0.0] * len(spans[i, j]))  # truncated, zero rule: every segment 0
                 token_adv[i, j] = token_process_advantages(spans[i, j], s, length)
-    metrics = {"exprl/truncated_zero": truncated, "exprl/judged_rollouts": len(requests),
+    metrics = {"exprl/truncated": truncated, "exprl/truncated_zero": truncated if zero_truncated else 0,
+               "exprl/judged_rollouts": len(requests),
                "judge/step_calls": ctx.reference_judge_calls() - calls_before,
                "judge/unknown_excluded": int(sum(s is None for s in scores))}
     if process:

@@ -115,11 +115,57 @@ def _yaml_value(value: Any) -> str:
 
 
 def stage_config(pipeline: Pipeline, stage: Stage, overrides: Sequence[str] = ()) -> Any:
-    """The stage's validated recipe: its file, its overrides, the command line's, then its run directory."""
+    """The stage's validated recipe: its file, its overrides, the command line's, then its run directory and
+    its evaluation stream offset (``eval_stream_offset``)."""
     from rise_nemo.config import load_config
 
     return load_config(stage.recipe, [*stage.overrides, *overrides, f"run.dir={pipeline.stage_dir(stage)}",
-                                      f"run.name={pipeline.name}-{stage.name}"])
+                                      f"run.name={pipeline.name}-{stage.name}",
+                                      f"eval.stream_offset={eval_stream_offset(pipeline, stage, overrides)}"])
+
+
+def eval_stream_offset(pipeline: Pipeline, stage: Stage, overrides: Sequence[str] = ()) -> int:
+    """Where ``stage``'s steps continue the evaluation streams (``eval.stream_offset``): 0 for a stage that starts
+    from its warm start; for ``init: previous``, the previous stage's offset + its ``train.steps`` (the step of
+    the final checkpoint it starts from). Stage I's final evaluation and Stage II's step-0 evaluation of the same
+    weights then sample the same stream and agree exactly (issue 22 item 10); with the same ``run.seed``."""
+    from rise_nemo.config import load_config
+
+    offset = 0
+    for k, current in enumerate(pipeline.stages):
+        if current == stage:
+            return offset
+        following = pipeline.stages[k + 1] if k + 1 < len(pipeline.stages) else None
+        if following is not None and following.init == "previous":
+            cfg = load_config(current.recipe, [*current.overrides, *overrides])
+            offset += int(cfg.train.steps)
+        else:
+            offset = 0
+    raise ValueError(f"stage {stage.name!r} is not a stage of pipeline {pipeline.name!r}")
+
+
+def eval_differences(previous: Any, cfg: Any) -> list[str]:
+    """What makes a stage's step-0 evaluation differ from the previous stage's final one of the same weights,
+    besides the stream (``eval_stream_offset`` aligns that): its sampling parameters, samples per prompt, the
+    held-out set and the seed. Empty when the two evaluations are the same computation."""
+    from rise_nemo.orchestration.evaluate import eval_sampling_params
+
+    a = eval_sampling_params(previous, int(previous.train.steps))
+    b = eval_sampling_params(cfg, 0)
+    out = [f"{name} {getattr(a, name)} -> {getattr(b, name)}" for name in ("temperature", "top_p", "max_new_tokens")
+           if getattr(a, name) != getattr(b, name)]
+    for key in ("eval.samples_per_prompt", "eval.max_prompts", "run.seed", "data.source", "data.eval_path",
+                "data.task"):
+        x, y = _get(previous, key), _get(cfg, key)
+        if x != y:
+            out.append(f"{key} {x} -> {y}")
+    return out
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(cfg, dotted)
 
 
 def stage_done(run_dir: Path, steps: int) -> bool:
@@ -172,9 +218,17 @@ def run_pipeline(pipeline: Pipeline, overrides: Sequence[str] = (), stop_after: 
 
     pipeline.dir.mkdir(parents=True, exist_ok=True)
     previous: Path | None = None
+    previous_cfg: Any = None
     for stage in pipeline.stages:
         cfg = stage_config(pipeline, stage, overrides)
         run_dir = pipeline.stage_dir(stage)
+        if stage.init == "previous" and previous_cfg is not None and cfg.eval.at_start:
+            diff = eval_differences(previous_cfg, cfg)
+            if diff:
+                log.warning("pipeline %s: stage %s evaluates its starting weights differently from the previous "
+                            "stage's final evaluation (%s), so the two will not agree", pipeline.name, stage.name,
+                            "; ".join(diff))
+        previous_cfg = cfg
         if stage_done(run_dir, int(cfg.train.steps)):
             log.info("pipeline %s: stage %s already complete (%s)", pipeline.name, stage.name, run_dir)
             previous = run_dir

@@ -37,6 +37,7 @@ from rise_nemo.core.replay import (
     replay_probability,
     state_boundaries,
 )
+from rise_nemo.errors import UserError
 from rise_nemo.interfaces import Rollout
 from rise_nemo.orchestration.exprl import encode_response, find_tokenizer
 from rise_nemo.orchestration.reasoning_step import ReasoningContext, StepHooks
@@ -44,6 +45,30 @@ from rise_nemo.orchestration.step import TrainSample, build_batch
 
 SOURCE_POLICY, SOURCE_CANONICAL = "policy", "canonical"
 log = logging.getLogger("rise_nemo.rrl")
+
+
+def check_granularity(cfg: Any, problems: Sequence[Any]) -> None:
+    """``rrl.granularity`` must be able to cut the training data: with ``line`` some reference solution has a
+    line break inside it, with ``step`` some has ``rrl.step_marker`` after its start. Otherwise no state could
+    ever be stored (a reference without cut points gives none, and the policy writes like the references): a
+    one-line error naming the key instead of an RRL run that silently is PPO (issue 22 item 11)."""
+    granularity, marker = str(cfg.rrl.granularity), str(cfg.rrl.step_marker)
+    refs = [str(getattr(p, "reference_solution", "") or "").strip() for p in problems]
+    if granularity == "token" or not refs:
+        return
+    cuts = (lambda t: "\n" in t) if granularity == "line" else (lambda t: marker in t[1:])
+    n_cut = sum(cuts(t) for t in refs)
+    what = "a line break" if granularity == "line" else f"the marker {marker!r} (rrl.step_marker)"
+    other = "step (with rrl.step_marker)" if granularity == "line" else "line"
+    if 2 * n_cut < len(refs) and n_cut:  # canonical states only for these; policy states as the policy writes
+        log.warning("rrl.granularity %r: only %d of %d training reference solutions have %s, so only their "
+                    "canonical solutions give states (consider rrl.granularity=%s or token)", granularity, n_cut,
+                    len(refs), what, other)
+    if n_cut:
+        return
+    raise UserError(f"config key 'rrl.granularity': {granularity!r} cuts states at {what}, but none of the "
+                    f"{len(refs)} training reference solutions has one, so no state would ever be stored; use "
+                    f"rrl.granularity={other} or token")
 
 
 def make_step_hooks(cfg: Any, method_name: str, n_train_problems: int) -> StepHooks:

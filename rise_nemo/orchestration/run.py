@@ -16,7 +16,13 @@ from typing import Any
 from rise_nemo.errors import UserError, require_extra
 from rise_nemo.methods import get_method
 from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.data import load_prompts_checked, reasoning_tools, warm_start_policy
+from rise_nemo.orchestration.data import (
+    check_real_model,
+    check_tokenizer_covers,
+    load_prompts_checked,
+    reasoning_tools,
+    warm_start_policy,
+)
 from rise_nemo.orchestration.rundir import RunDirLock, check_resume, check_run_dir_path
 from rise_nemo.orchestration.trainer import Trainer, resolve_run_dir
 
@@ -93,7 +99,12 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
         changes = check_resume(run_dir, cfg, allow_config_change)
         check_method(cfg)
         method = get_method(str(cfg.method))
+        check_real_model(cfg)
         train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
+        if method.name == "rrl":
+            from rise_nemo.orchestration.rrl import check_granularity
+
+            check_granularity(cfg, train_prompts)
         check_backend(cfg)
         # Reasoning methods score with a verifier (ExpRL's also with a reference judge); the rubric methods need
         # the rubric judge. Both are checked (and HTTP judges probed) before any model is built.
@@ -108,6 +119,7 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
         # The checkpoint the Trainer resumes from (Trainer.resume: the latest); the nemo backend is built from it.
         latest = ckpt.latest_checkpoint(run_dir)
         policy, generator = build_backend(cfg, checkpoint=latest, train_prompts=train_prompts)
+        check_tokenizer_covers(cfg, generator, train_prompts)
         if latest is None:
             if init_from is not None:
                 from rise_nemo.orchestration.pipeline import init_policy_from

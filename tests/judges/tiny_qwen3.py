@@ -1,9 +1,10 @@
-"""Build a tiny random-weight Qwen3 chat model in a local folder (no downloads), for the real-vLLM smoke test.
+"""Build a tiny random-weight Qwen3 chat model in a local folder (no downloads), for the real-vLLM smoke test
+and the local backend's real-model path (tests/local/test_real_model.py, trained on GSM8K text).
 
 Run with any Python that has transformers>=4.51 and tokenizers: ``python tests/judges/tiny_qwen3.py OUT_DIR``.
-The tokenizer is a byte-level BPE trained in code, so every JSON string the judge's schema allows is
-expressible (vLLM's structured-output grammar needs that); the chat template is a minimal ChatML one, like
-Qwen3's.
+The tokenizer is a byte-level BPE trained in code (on ``corpus``, default the judge's words), so any text is
+expressible (vLLM's structured-output grammar needs that for the judge's JSON); the chat template is a
+minimal ChatML one, like Qwen3's.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _corpus() -> list[str]:
     return lines * 20
 
 
-def build(out: Path, vocab_size: int = 2048) -> Path:
+def build(out: Path, vocab_size: int = 2048, corpus: list[str] | None = None) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
@@ -41,7 +42,7 @@ def build(out: Path, vocab_size: int = 2048) -> Path:
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(_corpus() if corpus is None else corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
     )

@@ -189,8 +189,8 @@ def test_state_from_another_model_is_rejected(tiny_cfg):
 def test_load_saved_model_from_local_path(tiny_cfg, tmp_path):
     policy, gen = build(tiny_cfg)
     path = policy.save_pretrained(tmp_path / "model")
-    loaded, loaded_gen = build({"model": str(path), "seed": 0})
-    assert loaded.engine.cfg.model == str(path) and loaded.tokenizer.chat_template
+    loaded, loaded_gen = build({"model_path": str(path), "seed": 0})
+    assert loaded.engine.cfg.model_path == str(path) and loaded.tokenizer.chat_template
     rollouts = [r for row in gen.generate(PROMPTS, 2, SamplingParams(max_new_tokens=8, seed=5)) for r in row]
     data = _batch(rollouts, policy.tokenizer)
     torch.testing.assert_close(loaded.get_logprobs(data), policy.get_logprobs(data), atol=1e-5, rtol=0)
@@ -215,9 +215,43 @@ def test_config_errors_name_the_key(cfg, match):
         parse_local_config(cfg)
 
 
+def test_model_key_older_name_and_chat_template_option(tiny_cfg, tmp_path):
+    """``local.model`` (the key's older name) still means ``local.model_path``; ``local.chat_template``
+    renders prompts of a tokenizer without a template (``passthrough``: NeMo-RL's, the contents only)."""
+    policy, _ = build(tiny_cfg)
+    path = policy.save_pretrained(tmp_path / "model")
+    assert parse_local_config({"model": str(path)}).model_path == str(path)
+    with pytest.raises(LocalConfigError, match=r"local\.model: the older name of local\.model_path"):
+        parse_local_config({"model": str(path), "model_path": str(tmp_path)})
+    _, gen = build({"model_path": str(path), "chat_template": "passthrough"})
+    assert gen.encode_prompt(PROMPTS[0]) == gen.engine.tokenizer.encode(PROMPTS[0][0]["content"],
+                                                                        add_special_tokens=False)
+    _, gen = build({"model_path": str(path), "chat_template": "{{ messages[-1]['content'] }} today ?"})
+    assert gen.engine.tokenizer.decode(gen.encode_prompt(PROMPTS[0])) == "hello world today ?"
+
+
+def test_critic_on_a_model_whose_body_is_not_named_model(tmp_path):
+    """GPT-2's transformer body is ``.transformer`` (its base_model_prefix): the critic copies it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rise_nemo.backends.local import LocalCritic
+    from rise_nemo.backends.local.tokenizer import build_word_tokenizer
+
+    tok = build_word_tokenizer(["hello world"])
+    tok.save_pretrained(tmp_path / "gpt2")
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=16, n_layer=1, n_head=2)).save_pretrained(tmp_path / "gpt2")
+    policy, _ = build({"model_path": str(tmp_path / "gpt2")})
+    critic = LocalCritic(policy.engine)
+    values = critic.get_values({"input_ids": torch.tensor([[5, 6, 5]])})
+    assert values.shape == (1, 3) and float(values.abs().sum()) == 0.0  # zero-initialised head
+
+
 def test_missing_paths_are_clear_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"local\.model: path .*does not exist"):
-        build({"model": str(tmp_path / "nope")})
+    with pytest.raises(LocalConfigError, match=r"local\.model_path: .* is not a directory"):
+        build({"model_path": str(tmp_path / "nope")})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LocalConfigError, match=r"local\.model_path: .* holds no config\.json"):
+        build({"model_path": str(tmp_path / "empty")})
     with pytest.raises(FileNotFoundError, match=r"local\.tokenizer: tokenizer path"):
         build({"tokenizer": str(tmp_path / "nope")})
 

@@ -19,7 +19,9 @@ from rise_nemo.orchestration.trainer import read_metrics
 
 
 def _recipe(method: str) -> dict:
-    return chain_recipe(method, group_size=3, max_new_tokens=20, steps=2, exprl={"segment_marker": "step"})
+    recipe = chain_recipe(method, group_size=3, max_new_tokens=20, steps=2, exprl={"segment_marker": "step"})
+    recipe["eval"]["top_p"] = 1.0  # one evaluation protocol for both stages (their grpo.top_p differ)
+    return recipe
 
 
 @pytest.fixture
@@ -49,6 +51,12 @@ def test_stage_two_starts_from_stage_one_final_weights_and_the_report_covers_bot
     assert json.loads((s1 / "summary.json").read_text())["method"] == "exprl_process"
     assert json.loads((s2 / "summary.json").read_text())["method"] == "grpo"
     assert (s1 / "eval" / "step_000002.json").is_file() and (s2 / "eval" / "step_000000.json").is_file()
+    # Issue 22 item 10: Stage I's final evaluation and Stage II's step-0 evaluation are of the same weights and
+    # sample the same stream (Stage II's steps continue Stage I's: eval.stream_offset 2), so they agree exactly.
+    final1 = json.loads((s1 / "eval" / "step_000002.json").read_text())
+    start2 = json.loads((s2 / "eval" / "step_000000.json").read_text())
+    assert {k: v for k, v in final1.items() if k != "step"} == {k: v for k, v in start2.items() if k != "step"}
+    assert yaml.safe_load((s2 / "config.yaml").read_text())["eval"]["stream_offset"] == 2
     out = capsys.readouterr().out
     assert "report:" in out and (root / "report" / "report.md").is_file()
     report = (root / "report" / "report.md").read_text()
@@ -56,6 +64,32 @@ def test_stage_two_starts_from_stage_one_final_weights_and_the_report_covers_bot
     assert json.loads((root / "pipeline.json").read_text())["stages"][1]["init"] == "previous"
     assert main(["report", str(root), "--out", str(root / "again")]) == 0  # a pipeline dir = its stages
     assert "stage2" in (root / "again" / "report.md").read_text()
+
+
+def test_eval_stream_offsets_follow_the_chain_of_init_previous(tmp_path):
+    from rise_nemo.orchestration.pipeline import eval_stream_offset
+
+    for name, method in (("a", "sft"), ("b", "grpo"), ("c", "grpo")):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(_recipe(method)))
+    spec = {"stages": [{"name": "a", "recipe": "a.yaml", "overrides": {"train.steps": 4}},
+                       {"name": "b", "recipe": "b.yaml", "init": "previous", "overrides": {"train.steps": 5}},
+                       {"name": "c", "recipe": "c.yaml", "init": "previous"},
+                       {"name": "d", "recipe": "c.yaml"},
+                       {"name": "e", "recipe": "c.yaml", "init": "previous"}]}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    p = load_pipeline(tmp_path / "p.yaml")
+    assert [eval_stream_offset(p, s) for s in p.stages] == [0, 4, 9, 0, 2]
+    assert [eval_stream_offset(p, s, ["train.steps=1"]) for s in p.stages] == [0, 1, 2, 0, 1]  # the command line wins
+
+
+def test_a_stage_evaluating_differently_is_named_in_a_warning(pipeline_file):
+    from rise_nemo.orchestration.pipeline import eval_differences, stage_config
+
+    p = load_pipeline(pipeline_file)
+    s1, s2 = (stage_config(p, s) for s in p.stages)
+    assert eval_differences(s1, s2) == []
+    s2 = stage_config(p, p.stages[1], ["eval.top_p=0.9", "eval.samples_per_prompt=4"])
+    assert eval_differences(s1, s2) == ["top_p 1.0 -> 0.9", "eval.samples_per_prompt 2 -> 4"]
 
 
 def test_stage_two_init_loads_exactly_stage_one_final_checkpoint(pipeline_file, monkeypatch):

@@ -190,3 +190,38 @@ def test_before_stabilisation_rrl_is_ppo_exactly(tmp_path):
 def test_config_errors_name_the_key(override, key):
     with pytest.raises(ConfigError, match=f"key .{key}"):
         config_from_dict(chain_recipe("rrl"), [override])
+
+
+def test_default_granularity_cuts_real_solutions_and_one_that_cuts_nothing_is_refused(tmp_path, caplog):
+    """Issue 22 item 11: the default cut a literal "step" marker, which real solutions (GSM8K) never write, so
+    no state was ever stored. The default is now line breaks; a granularity that cuts none of the training
+    references is refused in one line naming the key, also through build_trainer."""
+    import dataclasses
+
+    from rise_nemo.core.replay import state_boundaries
+    from rise_nemo.data.reasoning import load_reasoning_problems
+    from rise_nemo.errors import UserError
+    from rise_nemo.orchestration.rrl import check_granularity
+    from rise_nemo.tasks.reasoning import make_chain_task
+
+    gsm8k = load_reasoning_problems(Path(__file__).parents[1] / "data" / "fixtures" / "gsm8k_test_first8.jsonl").problems
+    default = config_from_dict({"method": "rrl"})
+    assert default.rrl.granularity == "line"
+    check_granularity(default, gsm8k)
+    for p in gsm8k:  # every reference has cut points (here one token per character)
+        assert state_boundaries(list(p.reference_solution), default.rrl.granularity, default.rrl.step_marker)
+    with pytest.raises(UserError, match=r"'rrl\.granularity': 'step' cuts states at the marker 'step'.* none of "
+                                        r"the 8 training reference solutions"):
+        check_granularity(config_from_dict({"method": "rrl", "rrl": {"granularity": "step"}}), gsm8k)
+    assert "only" not in caplog.text
+    one_line = [gsm8k[0]] + [dataclasses.replace(p, reference_solution=p.reference_solution.replace("\n", " "))
+                             for p in gsm8k[1:]]
+    check_granularity(default, one_line)  # one reference with line breaks: allowed, with a warning
+    assert "only 1 of 8 training reference solutions have a line break" in caplog.text
+    chain = make_chain_task(**DATA["task"]).train
+    check_granularity(config_from_dict(chain_recipe("rrl")), chain)  # the embedded task: its step marker
+    with pytest.raises(UserError, match=r"'rrl\.granularity': 'line' cuts states at a line break"):
+        check_granularity(default, chain)
+    with pytest.raises(UserError, match=r"rrl\.granularity"):
+        build_trainer(_cfg(tmp_path / "run", 1, "rrl", "rrl.granularity=line"))
+    assert not (tmp_path / "run").exists()

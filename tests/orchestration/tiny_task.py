@@ -105,7 +105,10 @@ CHAIN_TINY = {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "head_dim": 
 def chain_recipe(method: str, run_dir: Path | None = None, group_size: int = 4, max_new_tokens: int = 12,
                  steps: int = 3, **blocks: Any) -> dict[str, Any]:
     """A tiny recipe of the embedded reasoning task (3 levels, 3 warm-start steps, uncached): reasoning
-    method tests. ``blocks`` add top-level blocks (e.g. ``exprl={...}``)."""
+    method tests. ``blocks`` add top-level blocks (e.g. ``exprl={...}``); RRL cuts states at the task's step
+    marker, as recipes/rrl_chain_tiny_cpu.yaml does (the task's text has no line breaks)."""
+    if method == "rrl":
+        blocks["rrl"] = {"granularity": "step", **blocks.get("rrl", {})}
     return {
         "run": {"name": method, "seed": 1, **({"dir": str(run_dir)} if run_dir is not None else {})},
         "method": method,

@@ -2,11 +2,18 @@
 
 Keys (all optional except that a tokenizer must be known):
 
-  model             local path of a Hugging Face causal LM (loaded with local_files_only); null = build
-                    the tiny Qwen3 model described by ``tiny``
+  model_path        a local directory holding a Hugging Face causal LM and its tokenizer (``save_pretrained``
+                    output, e.g. a downloaded Qwen2.5-0.5B-Instruct), loaded offline with
+                    AutoModelForCausalLM / AutoTokenizer (local_files_only); null = build the tiny random
+                    Qwen3 model described by ``tiny`` (the embedded tasks only: real text needs a real
+                    model, rise_nemo.orchestration.data.check_real_model). ``model`` is the older name.
   tokenizer         local path of a tokenizer, or ``builtin:persistent_task`` (word-level vocabulary of
-                    the demo task, made in code); default: the ``model`` path; required with a tiny model
-  tiny              dims of the random-init Qwen3 model (used when ``model`` is null):
+                    the demo task, made in code); default: the ``model_path`` directory; required with a
+                    tiny model
+  chat_template     how chat prompts are rendered: null = the tokenizer's own template (an error naming this
+                    key when it has none); ``passthrough`` = the message contents concatenated (NeMo-RL's
+                    passthrough template, for base models); any other string = a Jinja chat template
+  tiny              dims of the random-init Qwen3 model (used when ``model_path`` is null):
                       hidden_size 64, num_layers 2, num_heads 4, num_kv_heads 2, head_dim 16,
                       intermediate_size 192, max_position_embeddings 512, rope_theta 10000.0
   seed              model init (tiny) and the generator's sampling RNG; default 0
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import torch
 
@@ -53,8 +61,9 @@ class LocalConfigError(ValueError):
 
 @dataclass
 class LocalConfig:
-    model: str | None = None
+    model_path: str | None = None
     tokenizer: str | None = None
+    chat_template: str | None = None
     tiny: dict = field(default_factory=lambda: dict(TINY_DEFAULTS))
     seed: int = 0
     lr: float = 1e-6
@@ -105,18 +114,42 @@ def _number(key: str, value, minimum: float | None = None) -> float:
     return float(value)
 
 
+def check_model_dir(path: str) -> None:
+    """``local.model_path`` must be a local directory holding a Hugging Face model (its ``config.json``):
+    nothing is downloaded, so a hub name or a wrong path is a one-line error naming the key."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise LocalConfigError(f"local.model_path: {path!r} is not a directory (a local folder holding a Hugging "
+                               "Face causal LM and its tokenizer; nothing is downloaded)")
+    if not (p / "config.json").is_file():
+        raise LocalConfigError(f"local.model_path: {path!r} holds no config.json (expected the output of "
+                               "save_pretrained or a downloaded model snapshot)")
+
+
 def parse_local_config(cfg: Mapping | None) -> LocalConfig:
     """Validate a ``local:`` mapping into a LocalConfig; errors name the offending key."""
     raw = dict(_plain(cfg) or {})
+    if "model" in raw:  # the key's older name
+        if raw.get("model_path") is not None and raw["model"] is not None and raw["model"] != raw["model_path"]:
+            raise LocalConfigError("local.model: the older name of local.model_path; set only local.model_path")
+        legacy = raw.pop("model")
+        if raw.get("model_path") is None:
+            raw["model_path"] = legacy
     known = {f.name for f in fields(LocalConfig)}
     for key in raw:
         if key not in known:
             raise LocalConfigError(f"local.{key}: unknown key; known keys: {sorted(known)}")
     out = LocalConfig()
-    if raw.get("model") is not None:
-        out.model = str(raw["model"])
+    if raw.get("model_path") is not None:
+        out.model_path = str(raw["model_path"])
+        check_model_dir(out.model_path)
     if raw.get("tokenizer") is not None:
         out.tokenizer = str(raw["tokenizer"])
+    if raw.get("chat_template") is not None:
+        if not isinstance(raw["chat_template"], str) or not raw["chat_template"].strip():
+            raise LocalConfigError(f"local.chat_template: expected null, 'passthrough' or a Jinja template, got "
+                                   f"{raw['chat_template']!r}")
+        out.chat_template = raw["chat_template"]
     tiny = dict(_plain(raw.get("tiny")) or {})
     for key, value in tiny.items():
         if key not in TINY_DEFAULTS:
@@ -160,9 +193,9 @@ def parse_local_config(cfg: Mapping | None) -> LocalConfig:
         out.num_threads = _positive_int("num_threads", raw["num_threads"])
     if "attn_implementation" in raw:
         out.attn_implementation = str(raw["attn_implementation"])
-    if out.model is None and out.tokenizer is None:
+    if out.model_path is None and out.tokenizer is None:
         raise LocalConfigError(
-            "local.tokenizer: a tiny model (local.model is null) needs a tokenizer: a local path or "
+            "local.tokenizer: a tiny model (local.model_path is null) needs a tokenizer: a local path or "
             "'builtin:persistent_task'"
         )
     return out

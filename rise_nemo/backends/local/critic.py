@@ -22,13 +22,21 @@ from rise_nemo.backends.local.policy import _lengths, load_state, save_state, sl
 from rise_nemo.interfaces import LossFn
 
 
+def transformer_body(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformer body of a Hugging Face ``*ForCausalLM`` (the module its ``base_model_prefix`` names:
+    ``model`` for Qwen / Llama, ``transformer`` for GPT-2), whose output has ``last_hidden_state``."""
+    prefix = getattr(model, "base_model_prefix", "") or "model"
+    body = getattr(model, prefix, None)
+    if not isinstance(body, torch.nn.Module):
+        raise TypeError(f"LocalCritic: {type(model).__name__} has no transformer body (.{prefix}) to copy")
+    return body
+
+
 class LocalCritic:
     def __init__(self, engine: LocalEngine, lr: float = 1e-4, grad_clip: float | None = None,
                  micro_batch_size: int | None = None):
         self.engine = engine
-        body = getattr(engine.model, "model", None)  # HF *ForCausalLM: .model is the transformer body
-        if body is None:
-            raise TypeError("LocalCritic: the policy model has no .model transformer body to copy")
+        body = transformer_body(engine.model)
         self.body = copy.deepcopy(body).to(engine.device)
         hidden = int(engine.model.config.hidden_size)
         self.head = torch.nn.Linear(hidden, 1).to(device=engine.device, dtype=engine.cfg.torch_dtype)

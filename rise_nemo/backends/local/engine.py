@@ -16,19 +16,27 @@ import torch
 from rise_nemo.backends.local.config import LocalConfig
 from rise_nemo.backends.local.tokenizer import builtin_tokenizer
 
+PASSTHROUGH = "passthrough"
+# NeMo-RL's passthrough template (nemo_rl/data/chat_templates.py): the message contents, concatenated.
+PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
 
 def _load_tokenizer(cfg: LocalConfig):
-    spec = cfg.tokenizer or cfg.model
+    spec = cfg.tokenizer or cfg.model_path
     if spec is None:  # parse_local_config already rejects this; kept for direct callers
         raise ValueError("local.tokenizer: no tokenizer given")
     if spec.startswith("builtin:"):
-        return builtin_tokenizer(spec.split(":", 1)[1])
-    if not Path(spec).exists():
-        key = "tokenizer" if cfg.tokenizer else "model"
-        raise FileNotFoundError(f"local.{key}: tokenizer path {spec!r} does not exist (no downloads here)")
-    from transformers import AutoTokenizer
+        tok = builtin_tokenizer(spec.split(":", 1)[1])
+    else:
+        if not Path(spec).exists():
+            key = "tokenizer" if cfg.tokenizer else "model_path"
+            raise FileNotFoundError(f"local.{key}: tokenizer path {spec!r} does not exist (no downloads here)")
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(spec, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    if cfg.chat_template is not None:  # local.chat_template replaces the tokenizer's own
+        tok.chat_template = PASSTHROUGH_TEMPLATE if cfg.chat_template == PASSTHROUGH else cfg.chat_template
+    return tok
 
 
 def _tiny_qwen3(cfg: LocalConfig, tokenizer):
@@ -58,12 +66,11 @@ def _tiny_qwen3(cfg: LocalConfig, tokenizer):
 
 
 def _load_model(cfg: LocalConfig):
-    if not Path(cfg.model).exists():
-        raise FileNotFoundError(f"local.model: path {cfg.model!r} does not exist (no downloads here)")
+    """The pretrained causal LM of ``local.model_path``, offline, in ``local.dtype``."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
-        cfg.model, local_files_only=True, dtype=cfg.torch_dtype, attn_implementation=cfg.attn_implementation
+        cfg.model_path, local_files_only=True, dtype=cfg.torch_dtype, attn_implementation=cfg.attn_implementation
     )
 
 
@@ -75,12 +82,12 @@ class LocalEngine:
         if cfg.num_threads is not None:
             torch.set_num_threads(cfg.num_threads)
         self.device = cfg.resolved_device()
-        if cfg.model is not None and not Path(cfg.model).exists():
-            raise FileNotFoundError(f"local.model: path {cfg.model!r} does not exist (no downloads here)")
+        if cfg.model_path is not None and not Path(cfg.model_path).exists():
+            raise FileNotFoundError(f"local.model_path: path {cfg.model_path!r} does not exist (no downloads here)")
         self.tokenizer = _load_tokenizer(cfg)
         if self.tokenizer.pad_token_id is None:  # many causal LMs ship without one; any id works (masked)
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        model = _tiny_qwen3(cfg, self.tokenizer) if cfg.model is None else _load_model(cfg)
+        model = _tiny_qwen3(cfg, self.tokenizer) if cfg.model_path is None else _load_model(cfg)
         self.model = model.to(device=self.device, dtype=cfg.torch_dtype)
         self.model.eval()
         self.rng = torch.Generator(device=self.device)
@@ -123,10 +130,11 @@ class LocalEngine:
 
     def encode_prompt(self, messages) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
-            spec = self.cfg.tokenizer or self.cfg.model
+            spec = self.cfg.tokenizer or self.cfg.model_path
             raise ValueError(
                 f"local.tokenizer: the tokenizer at {spec!r} has no chat template, so chat prompts cannot be "
-                "rendered; use an instruct model's tokenizer or set tokenizer.chat_template"
+                "rendered; use an instruct model's tokenizer, or set local.chat_template (passthrough for a base "
+                "model, or a Jinja template)"
             )
         out = self.tokenizer.apply_chat_template(
             [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
@@ -148,12 +156,13 @@ class LocalEngine:
         """
         if getattr(self, "_fingerprint", None) is not None:
             return self._fingerprint
-        spec = {
-            "model": self.cfg.model,
-            "tiny": self.cfg.tiny if self.cfg.model is None else None,
-            "seed": self.cfg.seed if self.cfg.model is None else None,
+        tiny = self.cfg.model_path is None
+        spec = {  # "model": the key's older name, kept so that existing warm-start caches stay valid
+            "model": self.cfg.model_path,
+            "tiny": self.cfg.tiny if tiny else None,
+            "seed": self.cfg.seed if tiny else None,
             "dtype": self.cfg.dtype,
-            "config": self.model.config.to_dict() if self.cfg.model is None else None,
+            "config": self.model.config.to_dict() if tiny else None,
             "vocab": sorted(self.tokenizer.get_vocab().items()),
             "chat_template": self.tokenizer.chat_template,
         }

@@ -232,7 +232,7 @@ class LocalPolicy:
         self.load_state_dict(load_state(path))
 
     def save_pretrained(self, path: str | Path) -> Path:
-        """Write model + tokenizer in Hugging Face format (loadable again with ``local.model: path``)."""
+        """Write model + tokenizer in Hugging Face format (loadable again with ``local.model_path: path``)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path)
