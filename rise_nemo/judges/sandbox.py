@@ -8,11 +8,13 @@ SandboxFusion server is a service to deploy. What rise_nemo adds is only the pol
 Every execution (``BubblewrapSandbox.run_python``) gets:
 - new user, PID, network, IPC, UTS and cgroup namespaces: no network (loopback only, no route out), it sees
   only its own processes, it runs as uid/gid 65534 without capabilities and cannot nest user namespaces;
-- a read-only view of the system (``/usr`` and the interpreter's prefix), a fresh ``/proc`` and ``/dev``,
+- a read-only view of the system (``/usr`` and the interpreter's prefix; the sandbox's own root is
+  remounted read-only too), a fresh ``/proc`` and ``/dev``,
   a private size-capped tmpfs ``/tmp`` as its only writable place and working directory; the run
   directory, home directories, ``/work``, ``/etc`` (beyond the dynamic loader's cache) and the host's
   ``/tmp`` are not mounted at all;
-- an empty environment (``--clearenv`` plus PATH, HOME=/tmp, LANG): no API keys or other trainer variables;
+- an empty environment (``--clearenv`` plus PATH, HOME=/tmp, LANG; bubblewrap itself is started with an
+  empty one too, since its PID 1 is visible inside): no API keys or other trainer variables;
 - rlimits: CPU seconds, address space, file size, process count (per sandbox: set inside its user
   namespace), no core dumps;
 - the wall-clock deadline: the whole process group is killed (SIGKILL); bubblewrap's PID 1 dies with it
@@ -30,6 +32,7 @@ pool can live in a Ray actor on the judge or CPU nodes; that wrapper is not writ
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import resource
 import selectors
@@ -103,6 +106,7 @@ def bwrap_path() -> str:
     return path
 
 
+_CLEAN_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 _RLIMIT_PROLOGUE = (
     "import resource as _rl; _rl.setrlimit(_rl.RLIMIT_NPROC, ({n}, {n})); del _rl\n"
 )
@@ -142,7 +146,7 @@ class BubblewrapSandbox:
         args += self._ro_paths
         args += ["--proc", "/proc", "--dev", "/dev",
                  "--size", str(limits.tmp_mb * _MIB), "--perms", "1777", "--tmpfs", "/tmp",
-                 "--chdir", "/tmp", "--clearenv",
+                 "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv",
                  "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
                  "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONIOENCODING", "utf-8",
                  "--setenv", "OPENBLAS_NUM_THREADS", "1", "--setenv", "OMP_NUM_THREADS", "1"]
@@ -154,13 +158,24 @@ class BubblewrapSandbox:
         limits = limits or self.limits
         program = _RLIMIT_PROLOGUE.format(n=limits.processes) + code
         fd = os.memfd_create("rise-nemo-program", os.MFD_CLOEXEC)
+        info_read, info_write = os.pipe2(os.O_CLOEXEC)
+        open_write = [info_write]
         try:
             os.write(fd, program.encode("utf-8", errors="surrogatepass"))
             os.lseek(fd, 0, os.SEEK_SET)
-            argv = self.argv(limits) + ["--file", str(fd), "/tmp/main.py", "--", self.python, "-I", "/tmp/main.py"]
-            return execute(argv, stdin, limits, preexec=self._preexec(limits, slot), pass_fds=(fd,))
+            argv = self.argv(limits) + ["--info-fd", str(info_write), "--file", str(fd), "/tmp/main.py",
+                                        "--", self.python, "-I", "/tmp/main.py"]
+
+            def started() -> None:  # bwrap holds its copy; never close a descriptor number twice (threads)
+                os.close(open_write.pop())
+
+            return execute(argv, stdin, limits, preexec=self._preexec(limits, slot), pass_fds=(fd, info_write),
+                           started=started, stop=lambda proc: _stop_sandbox(proc, info_read))
         finally:
             os.close(fd)
+            os.close(info_read)
+            if open_write:
+                os.close(open_write.pop())
 
     def _preexec(self, limits: SandboxLimits, slot: int) -> Callable[[], None]:
         drop_to = self.uid_base + slot if os.geteuid() == 0 else None
@@ -192,15 +207,46 @@ def _rlimits_then(limits: SandboxLimits, drop_to_uid: int | None) -> Callable[[]
     return preexec
 
 
+def _stop_sandbox(proc: subprocess.Popen, info_fd: int) -> None:
+    """Kill a sandbox that is still running, innermost first: bubblewrap's PID 1 (host pid from --info-fd),
+    whose death makes the kernel kill every process of the PID namespace before bubblewrap outside reaps it
+    and exits. Killing the outer bubblewrap first would leave that teardown racing the caller (and an
+    orphaned PID 1 for the host's init to reap)."""
+    os.set_blocking(info_fd, False)
+    try:
+        info = json.loads(os.read(info_fd, 4096) or b"{}")
+    except (OSError, ValueError):
+        info = {}
+    child = info.get("child-pid")
+    if isinstance(child, int) and child > 1:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def execute(argv: list[str], stdin: bytes | str, limits: SandboxLimits, preexec: Callable[[], None] | None = None,
-            pass_fds: tuple[int, ...] = ()) -> ExecResult:
+            pass_fds: tuple[int, ...] = (), started: Callable[[], None] | None = None,
+            stop: Callable[[subprocess.Popen], None] | None = None) -> ExecResult:
     """Run ``argv`` in its own process group with capped output and a wall-clock deadline; the whole group
-    is SIGKILLed at the deadline, when the output cap is passed, and in any case before returning."""
+    is SIGKILLed at the deadline, when the output cap is passed, and in any case before returning.
+
+    ``argv`` starts with an empty environment (``_CLEAN_ENV``), never the trainer's: bubblewrap's own PID 1
+    inside the sandbox keeps the environment it was started with, readable at /proc/1/environ.
+    ``started`` runs once the process exists; ``stop(proc)`` runs before the group kill when it is still
+    running (bubblewrap's orderly teardown)."""
     data = stdin.encode() if isinstance(stdin, str) else bytes(stdin)
     start = time.monotonic()
     deadline = start + limits.wall_seconds
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, preexec_fn=preexec, pass_fds=pass_fds, close_fds=True)
+                            start_new_session=True, preexec_fn=preexec, pass_fds=pass_fds, close_fds=True,
+                            env=dict(_CLEAN_ENV), cwd="/")
+    if started is not None:
+        started()
     caps = {proc.stdout: limits.stdout_bytes, proc.stderr: limits.stderr_bytes}
     chunks: dict[Any, list[bytes]] = {proc.stdout: [], proc.stderr: []}
     sizes = dict.fromkeys(chunks, 0)
@@ -242,6 +288,8 @@ def execute(argv: list[str], stdin: bytes | str, limits: SandboxLimits, preexec:
             except subprocess.TimeoutExpired:  # closed its pipes but kept running
                 timed_out = True
     finally:
+        if stop is not None and proc.poll() is None:
+            stop(proc)
         _kill_group(proc)
         proc.wait()
         for stream in (proc.stdout, proc.stderr):
