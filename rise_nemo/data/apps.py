@@ -14,7 +14,7 @@ layouts), so files, ``file:line`` errors and ``skip_invalid`` are those of every
              string argument (MapCoder's "a #b\\nc\\n['#']" for ``solution(string, markers)``).
 The policy sees APPS's prompt (question, starter code, "Use Standard Input format" / "Use Call-Based
 format") and is asked for one ```python block. ``reference_solution`` is the first human solution as such a
-block ("" when the row has none); ``answer`` is ``CodeTests.to_json()`` (rise_nemo.judges.code_verifier);
+block ("" when the row has none); ``answer`` is ``CodeTests.to_json()`` (rise_nemo.core.code_tests);
 ``difficulty`` is 0 introductory, 1 interview, 2 competition.
 """
 
@@ -26,10 +26,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from rise_nemo.core.code_tests import CodeTests, parse_tests
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.data.loaders import _err, _prompt_id, _require
 from rise_nemo.data.loaders import _require_text as _text
-from rise_nemo.judges.code_verifier import CodeTests, parse_tests
 
 __all__ = ["APPS_DIFFICULTIES", "apps_prompt", "is_apps_record", "parse_apps_record"]
 

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rise_nemo.core.code_tests import CodeTests, parse_tests
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.judges.sandbox import BubblewrapSandbox, ExecResult, SandboxLimits, SandboxPool
 
@@ -104,47 +105,6 @@ def extract_code(response: str) -> str | None:
     else:
         code = response
     return code if code.strip() else None
-
-
-@dataclass(frozen=True)
-class CodeTests:
-    inputs: list[Any]
-    outputs: list[Any]
-    fn_name: str | None = None
-
-    def to_json(self) -> str:
-        spec: dict[str, Any] = {"inputs": self.inputs, "outputs": self.outputs}
-        if self.fn_name:
-            spec["fn_name"] = self.fn_name
-        return json.dumps(spec)
-
-
-def parse_tests(spec: str | dict) -> CodeTests:
-    """APPS ``input_output`` (JSON text or dict) -> CodeTests; ValueError naming what is wrong."""
-    data = json.loads(spec) if isinstance(spec, str) else spec
-    if not isinstance(data, dict):
-        raise ValueError(f"input_output: expected a JSON object, got {type(data).__name__}")
-    inputs, outputs, fn = data.get("inputs"), data.get("outputs"), data.get("fn_name")
-    if not isinstance(inputs, list) or not isinstance(outputs, list):
-        raise ValueError("input_output: 'inputs' and 'outputs' must be lists")
-    if len(inputs) != len(outputs) or not inputs:
-        raise ValueError(f"input_output: {len(inputs)} inputs vs {len(outputs)} outputs (need >= 1 of each, equal)")
-    if fn is not None and (not isinstance(fn, str) or not fn.isidentifier()):
-        raise ValueError(f"input_output: 'fn_name' must be a Python identifier, got {fn!r}")
-    if fn:
-        bad = [i for i, args in enumerate(inputs) if not isinstance(args, list)]
-        if bad:
-            raise ValueError(f"input_output: call-based inputs must be argument lists (test {bad[0]})")
-    else:
-        inputs = [_as_text(x) for x in inputs]
-        outputs = [_as_text(x) for x in outputs]
-    return CodeTests(inputs, outputs, fn)
-
-
-def _as_text(value: Any) -> str:
-    if isinstance(value, list):  # some APPS rows give stdin/stdout as a list of lines
-        return "\n".join(str(v) for v in value)
-    return str(value)
 
 
 def _close(a: float, b: float) -> bool:

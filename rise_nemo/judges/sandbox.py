@@ -1,6 +1,6 @@
 """Run untrusted (model-written) Python in a bubblewrap sandbox: one process per execution, own namespaces.
 
-Why bubblewrap (docs/DESIGN.md, "Code reward and sandbox"): it is the maintained, audited, unprivileged
+Why bubblewrap (docs/DESIGN.md §10.1): it is the maintained, audited, unprivileged
 namespace sandbox of Flatpak, a Debian package (``apt-get install bubblewrap``), a single setuid-free binary
 that needs no daemon, no image and no root; nsjail needs a build from source or a container image, and a
 SandboxFusion server is a service to deploy. What rise_nemo adds is only the policy below.
