@@ -88,15 +88,26 @@ print({marker!r} + _json.dumps(_value, default=repr))
 """
 _MARKER = "\x00rise-nemo-return:"
 
-_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_FENCE = re.compile(r"```(.*?)(?:```|\Z)", re.DOTALL)
+_TAG_LINE = re.compile(r"[ \t]*([A-Za-z][\w+#.-]*)?[ \t]*\n")  # a language tag alone on the fence's line
+_TAG_INLINE = re.compile(r"[ \t]*(python3?|py)[ \t]+(?=\S)", re.IGNORECASE)  # "``` python print ( 1 ) ```"
 _PYTHON_TAGS = {"", "python", "py", "python3"}
+
+
+def _split_tag(body: str) -> tuple[str, str]:
+    for pattern in (_TAG_LINE, _TAG_INLINE):
+        m = pattern.match(body)
+        if m:
+            return (m.group(1) or "").lower(), body[m.end():]
+    return "", body
 
 
 def extract_code(response: str) -> str | None:
     """The program in a response: the last fenced Python block (```python / ```py / bare ```; an unclosed
-    last fence, as in a truncated generation, runs to the end), else the whole response as bare code.
-    None when there is nothing but whitespace. The one place code is taken out of responses."""
-    blocks = [(tag.lower(), body) for tag, body in _FENCE.findall(response)]
+    last fence, as in a truncated generation, runs to the end; the tag may share the line with the code,
+    as word-level tokenizers decode it), else the whole response as bare code. None when there is nothing
+    but whitespace. The one place code is taken out of responses."""
+    blocks = [_split_tag(body) for body in _FENCE.findall(response)]
     python = [body for tag, body in blocks if tag in _PYTHON_TAGS]
     if python:
         code = python[-1]

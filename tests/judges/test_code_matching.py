@@ -18,6 +18,8 @@ from rise_nemo.judges.code_verifier import CodeTests, extract_code, outputs_matc
     ("```cpp\nint main(){}\n```", None),  # fenced, but not Python
     ("   \n", None),
     ("```python\n\n```", None),
+    ("``` python print ( input ()[::- 1 ]) ```", "print ( input ()[::- 1 ]) "),  # word-level decode
+    ("```print(6)```", "print(6)"),
 ])
 def test_extract_code(response, code):
     assert extract_code(response) == code
