@@ -131,3 +131,23 @@ def test_pool_back_pressure(sandbox):
         assert second_submitted.wait(60)
         t.join(60)
         assert first.result() is True
+
+
+def test_process_limit_counts_each_sandbox_alone(sandbox):
+    """RLIMIT_NPROC (16 here) holds inside the sandbox, and two sandboxes at once each get the whole limit."""
+    code = ("import os, time\n"
+            "for i in range(40):\n"
+            "    try:\n"
+            "        pid = os.fork()\n"
+            "    except OSError:\n"
+            "        print('limit', i)\n"
+            "        break\n"
+            "    if pid == 0:\n"
+            "        time.sleep(3)\n"
+            "        os._exit(0)\n")
+    with SandboxPool(sandbox, workers=2) as pool:
+        results = pool.map([(code, ""), (code, "")])
+    for res in results:
+        assert res.returncode == 0, res.reason
+        kind, forked = res.stdout.decode().split()
+        assert kind == "limit" and 8 <= int(forked) < 16  # the limit, not the host's
