@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -223,12 +224,13 @@ class CodeVerifier:
 
     ``per_test_seconds`` / ``total_seconds``: wall-clock limits per test and per rollout; ``limits``: the
     sandbox's other limits (memory, processes, output; its wall/CPU seconds are set per test);
-    ``workers``: parallel sandbox slots (bounded queue); ``preamble``: prepend ``APPS_PREAMBLE``.
+    ``workers``: parallel sandbox slots (bounded queue; default one per CPU, at most 32); ``preamble``:
+    prepend ``APPS_PREAMBLE``.
     ``verify`` returns None (left out of rewards, like an undecided judge) only when a problem's tests
     cannot be read; every program failure is False with its outcome kind in ``last_results``/``outcomes``.
     """
 
-    def __init__(self, per_test_seconds: float = 4.0, total_seconds: float = 30.0, workers: int = 2,
+    def __init__(self, per_test_seconds: float = 4.0, total_seconds: float = 30.0, workers: int | None = None,
                  limits: SandboxLimits | None = None, preamble: bool = True,
                  sandbox: BubblewrapSandbox | None = None):
         if per_test_seconds <= 0 or total_seconds <= 0:
@@ -238,7 +240,7 @@ class CodeVerifier:
         self.preamble = APPS_PREAMBLE if preamble else ""
         self.sandbox = sandbox or BubblewrapSandbox(limits or SandboxLimits(memory_mb=1024))
         self.sandbox.check()
-        self.pool = SandboxPool(self.sandbox, workers=workers)
+        self.pool = SandboxPool(self.sandbox, workers=workers or min(32, os.cpu_count() or 1))
         self.outcomes: Counter[str] = Counter()  # over this verifier's lifetime
         self.last_results: list[CodeResult | None] = []
         self._lock = threading.Lock()

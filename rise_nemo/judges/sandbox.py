@@ -48,14 +48,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from rise_nemo.errors import UserError
+
 __all__ = ["ExecResult", "SandboxLimits", "BubblewrapSandbox", "SandboxPool", "SandboxUnavailable", "bwrap_path"]
 
 SANDBOX_UID = 65534  # "nobody" inside the sandbox
 _MIB = 1 << 20
 
 
-class SandboxUnavailable(RuntimeError):
-    """bubblewrap is missing or cannot create namespaces here (the message says which and what to do)."""
+class SandboxUnavailable(UserError):
+    """bubblewrap is missing or cannot create namespaces here (one line: which, and what to do); the CLI
+    prints it instead of a traceback."""
 
 
 @dataclass(frozen=True)
@@ -272,14 +275,14 @@ def execute(argv: list[str], stdin: bytes | str, limits: SandboxLimits, preexec:
                     if not block:
                         sel.unregister(stream)
                         continue
-                    keep = caps[stream] - sizes[stream]
-                    chunks[stream].append(block[:keep])
+                    keep = max(0, caps[stream] - sizes[stream])
+                    if keep:
+                        chunks[stream].append(block[:keep])
                     sizes[stream] += len(block)
-                    if sizes[stream] > caps[stream]:
-                        output_limited = stream is proc.stdout or output_limited
-                        if stream is proc.stdout:
-                            break
-                        sel.unregister(stream)  # stderr past its cap: keep the head, stop reading
+                    if stream is proc.stdout and sizes[stream] > caps[stream]:
+                        output_limited = True  # stdout is the answer: past its cap the program is killed
+                        break
+                    # stderr past its cap: its head is kept, the rest read and dropped (never blocks it)
                 if output_limited:
                     break
         if not (timed_out or output_limited):

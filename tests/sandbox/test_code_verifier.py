@@ -151,3 +151,12 @@ def test_process_limit_counts_each_sandbox_alone(sandbox):
         assert res.returncode == 0, res.reason
         kind, forked = res.stdout.decode().split()
         assert kind == "limit" and 8 <= int(forked) < 16  # the limit, not the host's
+
+
+def test_stderr_past_its_cap_is_drained_not_blocking(sandbox):
+    """A program that floods stderr and then answers is not stalled by a full pipe: it finishes, stderr kept
+    to its cap."""
+    code = "import sys\nfor _ in range(64):\n    sys.stderr.write('e' * 65536)\nprint('done')"
+    res = sandbox.run_python(code)
+    assert res.returncode == 0 and res.stdout == b"done\n" and not res.timed_out
+    assert len(res.stderr) == sandbox.limits.stderr_bytes
