@@ -33,6 +33,6 @@ def sandbox() -> BubblewrapSandbox:
 def verifier(sandbox):
     from rise_nemo.judges.code_verifier import CodeVerifier
 
-    v = CodeVerifier(per_test_seconds=3.0, total_seconds=8.0, workers=2, sandbox=sandbox)
+    v = CodeVerifier(per_test_seconds=5.0, total_seconds=15.0, workers=2, sandbox=sandbox)
     yield v
     v.close()
