@@ -145,7 +145,7 @@ class BubblewrapSandbox:
     def argv(self, limits: SandboxLimits) -> list[str]:
         args = [self.bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
                 "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-                "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
+                "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox"]
         args += self._ro_paths
         args += ["--proc", "/proc", "--dev", "/dev",
                  "--size", str(limits.tmp_mb * _MIB), "--perms", "1777", "--tmpfs", "/tmp",

@@ -102,6 +102,8 @@ def test_sandbox_environment(sandbox, monkeypatch, tmp_path):
         "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); print('net')\n"
         "except OSError:\n    print('nonet')\n"
         "open('/tmp/ok', 'w').write('x'); print(os.getcwd())\n"
+        "import subprocess\n"
+        "print(subprocess.run(['unshare', '--user', 'true'], capture_output=True).returncode != 0)\n"
     )
     res = sandbox.run_python(code)
     assert res.returncode == 0, res.stderr
@@ -109,7 +111,7 @@ def test_sandbox_environment(sandbox, monkeypatch, tmp_path):
     assert lines[0] == "['HOME', 'LANG', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'PATH', 'PWD', 'PYTHONIOENCODING']"
     assert lines[1] == "65534 65534"
     assert "work" not in lines[2] and "home" not in lines[2] and "root" not in lines[2]
-    assert lines[3:] == ["False False False", "0", "nonet", "/tmp"]
+    assert lines[3:] == ["False False False", "0", "nonet", "/tmp", "True"]  # ..., no nested user namespace
 
 
 def test_pool_back_pressure(sandbox):
