@@ -18,7 +18,8 @@ rollout's tests run in order on one pool slot under a total time limit (tests no
 ``timeout``); rollouts run in parallel. Reward 1 iff every test passes. Each rollout's pass fraction and
 outcome kind are logged and kept (``CodeResult``):
   passed, no_code, syntax_error, runtime_error, wrong_answer, timeout, memory, output_limit
-(the first failing test's kind; a syntax error stops the rollout's tests after the first).
+(the first failing test's kind; a syntax error stops the rollout's tests after the first); per step the
+trainer logs their fractions and the mean pass fraction (``batch_metrics``).
 """
 
 from __future__ import annotations
@@ -327,6 +328,17 @@ class CodeVerifier:
                 self.outcomes[r.outcome] += 1
                 log.info("code reward %s: %s %d/%d tests (%s)", p.prompt_id, r.outcome, r.passed, r.total, r.reason)
         return [None if r is None else r.reward == 1.0 for r in results]
+
+    def batch_metrics(self) -> dict[str, float]:
+        """Of the last ``verify`` call's gradable rollouts: the mean pass fraction and the fraction of each
+        outcome kind (``code/outcome/<kind>``, every kind, summing to 1); the step's metrics include them."""
+        graded = [r for r in self.last_results if r is not None]
+        if not graded:
+            return {}
+        out = {"code/pass_fraction": sum(r.pass_fraction for r in graded) / len(graded)}
+        counts = Counter(r.outcome for r in graded)
+        out.update({f"code/outcome/{kind}": counts[kind] / len(graded) for kind in OUTCOMES})
+        return out
 
 
 def _summary(outcomes: list[TestOutcome]) -> CodeResult:

@@ -162,3 +162,17 @@ def test_stderr_past_its_cap_is_drained_not_blocking(sandbox):
     res = sandbox.run_python(code)
     assert res.returncode == 0 and res.stdout == b"done\n" and not res.timed_out
     assert len(res.stderr) == sandbox.limits.stderr_bytes
+
+
+def test_batch_metrics_of_the_last_verify(verifier):
+    def problem(pid: str) -> ReasoningProblem:
+        return ReasoningProblem(pid, ({"role": "user", "content": "add"},), "", ADD.to_json())
+
+    responses = [fenced("a, b = map(int, input().split())\nprint(a + b)"),
+                 fenced("a, b = map(int, input().split())\nprint(a + b if a < 10 else 0)"), fenced("print(")]
+    verifier.verify([problem("a"), problem("b"), problem("c")], responses)
+    m = verifier.batch_metrics()
+    assert m["code/pass_fraction"] == pytest.approx((1 + 2 / 3 + 0) / 3)
+    assert (m["code/outcome/passed"], m["code/outcome/wrong_answer"], m["code/outcome/syntax_error"]) == \
+        pytest.approx((1 / 3, 1 / 3, 1 / 3))
+    assert sum(v for k, v in m.items() if k.startswith("code/outcome/")) == pytest.approx(1.0)

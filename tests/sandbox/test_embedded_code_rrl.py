@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from rise_nemo.config import config_from_dict
 from rise_nemo.data.reasoning import load_reasoning_problems
 from rise_nemo.judges.code_verifier import CodeVerifier
@@ -63,5 +65,10 @@ def test_rrl_on_the_sandboxed_code_reward(tmp_path, sandbox):
     assert graded >= 2 * 2 * 4  # every training rollout (and the evaluation's) went through the sandbox
     assert set(verifier.outcomes) <= {"passed", "no_code", "syntax_error", "runtime_error", "wrong_answer",
                                       "timeout", "memory", "output_limit"}
+    # per step: the mean pass fraction and the fraction of each outcome kind (summing to 1)
+    for m in [m for m in metrics if "rrl/buffer_size" in m]:
+        kinds = {k: v for k, v in m.items() if k.startswith("code/outcome/")}
+        assert len(kinds) == 8 and sum(kinds.values()) == pytest.approx(1.0)
+        assert 0.0 <= m["code/pass_fraction"] <= 1.0
     # the canonical solutions of wrong rollouts were scored by the critic (RRL's line 9), so states exist
     assert any(m.get("rrl/canonical_scored", 0) > 0 for m in metrics), json.dumps(metrics[-1])[:500]
