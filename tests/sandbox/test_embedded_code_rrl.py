@@ -65,6 +65,9 @@ def test_rrl_on_the_sandboxed_code_reward(tmp_path, sandbox):
     assert graded >= 2 * 2 * 4  # every training rollout (and the evaluation's) went through the sandbox
     assert set(verifier.outcomes) <= {"passed", "no_code", "syntax_error", "runtime_error", "wrong_answer",
                                       "timeout", "memory", "output_limit"}
+    # evaluation: pass@k per APPS difficulty level (every problem here is introductory: level 0)
+    evaluation = json.loads((tmp_path / "run" / "eval" / "step_000002.json").read_text())
+    assert list(evaluation["levels"]) == ["0"] and set(evaluation["levels"]["0"]["pass_at_k"]) == {"1", "2"}
     # per step: the mean pass fraction and the fraction of each outcome kind (summing to 1)
     for m in [m for m in metrics if "rrl/buffer_size" in m]:
         kinds = {k: v for k, v in m.items() if k.startswith("code/outcome/")}
