@@ -193,8 +193,8 @@ class DataCfg:
     train_path: str | None = None
     eval_path: str | None = None
     # rubric formats (rise_nemo.data.loaders) or reasoning formats (rise_nemo.data.reasoning: math, gsm8k,
-    # reasoning) for the verifier-rewarded methods
-    format: Literal["auto", "healthbench", "rubrichub", "rar", "rise", "math", "gsm8k", "reasoning"] = "auto"
+    # reasoning, apps) for the verifier-rewarded methods; apps is graded by the sandboxed unit-test reward
+    format: Literal["auto", "healthbench", "rubrichub", "rar", "rise", "math", "gsm8k", "reasoning", "apps"] = "auto"
     skip_invalid: bool = False  # skip (and log) bad records instead of failing on the first
     max_train_prompts: int | None = None
     max_eval_prompts: int | None = None

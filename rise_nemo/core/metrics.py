@@ -1,5 +1,5 @@
-"""Evaluation metrics: unbiased pass@k, criterion coverage tables (the paper's Tables 12-13) and mean
-token entropy."""
+"""Evaluation metrics: unbiased pass@k, criterion coverage tables (the paper's Tables 12-13), mean
+token entropy and pairwise win / tie / lose with swapped positions."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rise_nemo.core.logprobs import token_entropy
 from rise_nemo.core.rewards import failure_matrix
 
 __all__ = ["pass_at_k", "criterion_coverage", "CoverageTable", "CriterionCoverage", "mean_token_entropy",
-           "perplexity_variance"]
+           "perplexity_variance", "win_tie_lose"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -153,3 +153,26 @@ def perplexity_variance(logprobs: torch.Tensor, mask: torch.Tensor, groups: Sequ
     variances = [float(torch.tensor(v, dtype=torch.float64).var(unbiased=False)) for v in by_group.values()
                  if len(v) >= 2]
     return sum(variances) / len(variances) if variances else None
+
+
+def win_tie_lose(first: Sequence[int], swapped: Sequence[int]) -> dict[str, float]:
+    """Pairwise comparison against another model, each pair judged twice with the positions swapped (RRL's
+    RLHF evaluation reports win / tie / lose; the two orders remove the judge's position bias).
+
+    ``first[i]`` / ``swapped[i]``: the verdict on pair i with our response shown first / second, from OUR
+    side: +1 ours better, -1 theirs better, 0 tie. A pair is a win when neither order prefers theirs and
+    at least one prefers ours, a loss symmetrically, a tie otherwise (both ties, or the orders disagree:
+    the conservative rule of MT-Bench, Zheng et al. 2023, §3.4). Returns the fractions ``win``, ``tie``,
+    ``lose`` (summing to 1) and ``n``.
+    """
+    if len(first) != len(swapped):
+        raise ValueError(f"win_tie_lose: {len(first)} verdicts vs {len(swapped)} swapped")
+    bad = [v for v in (*first, *swapped) if v not in (-1, 0, 1)]
+    if bad:
+        raise ValueError(f"win_tie_lose: verdicts must be -1, 0 or 1, got {bad[0]!r}")
+    n = len(first)
+    if n == 0:
+        return {"win": 0.0, "tie": 0.0, "lose": 0.0, "n": 0}
+    wins = sum(1 for a, b in zip(first, swapped) if min(a, b) >= 0 and max(a, b) == 1)
+    losses = sum(1 for a, b in zip(first, swapped) if max(a, b) <= 0 and min(a, b) == -1)
+    return {"win": wins / n, "tie": (n - wins - losses) / n, "lose": losses / n, "n": n}

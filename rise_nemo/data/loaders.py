@@ -211,6 +211,13 @@ def _require(row: Mapping, key: str, where: str) -> Any:
     return row[key]
 
 
+def _require_text(row: Mapping, key: str, where: str) -> str:
+    value = _require(row, key, where)
+    if not isinstance(value, str) or not value.strip():
+        raise _err(where, key, f"expected a non-empty string, got {value!r}"[:200])
+    return value
+
+
 def _prompt_id(row: Mapping, keys: tuple[str, ...], default: str) -> str:
     for k in keys:
         v = row.get(k)

@@ -7,6 +7,8 @@ Formats (``fmt``; "auto" detects the format of every record from its keys):
   gsm8k      GSM8K rows: ``question``, ``answer`` (a worked solution whose last line is ``#### <number>``).
   reasoning  our own JSONL: ``prompt`` (a string or chat messages), ``reference_solution``, ``answer``,
              optional ``difficulty`` (int >= 0) and ``prompt_id``.
+  apps       APPS code problems, original or MapCoder layout (rise_nemo.data.apps): ``answer`` is the
+             tests' JSON, graded by rise_nemo.judges.code_verifier.CodeVerifier in a sandbox.
 
 MATH and GSM8K questions are wrapped in ``MATH_PROMPT`` (NeMo-RL's examples/prompts/math.txt, so answers are
 boxed the way ``MathVerifier`` reads them); our own rows are shown exactly as written. GSM8K reference
@@ -27,7 +29,9 @@ from typing import Any, NamedTuple
 
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.core.rubric import RubricError
+from rise_nemo.data.apps import is_apps_record, parse_apps_record
 from rise_nemo.data.loaders import Skipped, _err, _parse_messages, _prompt_id, _require, read_records
+from rise_nemo.data.loaders import _require_text as _text
 
 __all__ = [
     "REASONING_FORMATS",
@@ -39,7 +43,7 @@ __all__ = [
     "parse_reasoning_record",
 ]
 
-REASONING_FORMATS = ("auto", "math", "gsm8k", "reasoning")
+REASONING_FORMATS = ("auto", "math", "gsm8k", "reasoning", "apps")
 MATH_PROMPT = "Solve the following math problem. Make sure to put the answer (and only answer) inside \\boxed{{}}.\n\n{}"
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -94,13 +98,6 @@ def gsm8k_final_answer(solution: str) -> tuple[str, str]:
     if not answer:
         raise ValueError("nothing after '####'")
     return _CALCULATOR.sub("", steps).strip(), answer
-
-
-def _text(row: Mapping, key: str, where: str) -> str:
-    value = _require(row, key, where)
-    if not isinstance(value, str) or not value.strip():
-        raise _err(where, key, f"expected a non-empty string, got {value!r}"[:200])
-    return value
 
 
 def _answer(value: Any, where: str, key: str) -> str:
@@ -173,10 +170,12 @@ def _reasoning(row: Mapping, where: str, default_id: str) -> ReasoningProblem:
     return ReasoningProblem(pid, messages, reference, answer, difficulty)
 
 
-_PARSERS = {"math": _math, "gsm8k": _gsm8k, "reasoning": _reasoning}
+_PARSERS = {"math": _math, "gsm8k": _gsm8k, "reasoning": _reasoning, "apps": parse_apps_record}
 
 
 def _detect(row: Mapping, where: str) -> str:
+    if is_apps_record(row):
+        return "apps"
     if "problem" in row and "solution" in row:
         return "math"
     if "question" in row and "answer" in row:
@@ -185,7 +184,8 @@ def _detect(row: Mapping, where: str) -> str:
         return "reasoning"
     raise RubricError(
         f"{where}: cannot tell the record's format from its keys {sorted(row)[:12]}; expected math "
-        "(problem, solution), gsm8k (question, answer) or reasoning (prompt, reference_solution, answer)"
+        "(problem, solution), gsm8k (question, answer), reasoning (prompt, reference_solution, answer) or apps "
+        "(question, input_output / description, test_list)"
     )
 
 

@@ -39,12 +39,17 @@ def chain_task(cfg: Any):
 
 def reasoning_tools(cfg: Any) -> tuple[Any, Any]:
     """(verifier, step_accuracy checker or None) for the recipe's reasoning data source: the embedded task's
-    rule verifier, or math-verify (``MathVerifier``) for reasoning files (``data.source: jsonl`` of a reasoning
-    method: formats math, gsm8k, reasoning)."""
+    rule verifier, the sandboxed unit-test reward (``CodeVerifier``) for APPS code files (``data.format:
+    apps``), or math-verify (``MathVerifier``) for other reasoning files (``data.source: jsonl`` of a
+    reasoning method: formats math, gsm8k, reasoning)."""
     if cfg.data.source == "chain_arithmetic":
         from rise_nemo.tasks.reasoning import RuleArithmeticVerifier, step_accuracy
 
         return RuleArithmeticVerifier(), step_accuracy
+    if cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) == "apps":
+        from rise_nemo.judges.code_verifier import CodeVerifier
+
+        return CodeVerifier(), None  # unit tests in the bubblewrap sandbox (docs/DESIGN.md §10)
     if cfg.data.source == "jsonl" and _reasoning_method(cfg):
         from rise_nemo.judges.verifiers import MathVerifier
 

@@ -110,9 +110,14 @@ class ReasoningContext:
             raise ValueError(f"method {self.method.name!r} needs a reference judge (rise_nemo.judges.reference)")
 
     def score(self, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]]):
+        """The step's rewards. A verifier with a ``batch_metrics()`` method (e.g. the code reward's pass
+        fraction and outcome kinds) adds what it returns, for the batch it just verified, to the step's
+        metrics."""
         if self.method.reward in (exprl.REWARD_OUTCOME, exprl.REWARD_PROCESS):
             return exprl.reference_scores(self, problems, groups)
-        return verify_rewards(self.verifier, problems, groups)
+        rewards, valid = verify_rewards(self.verifier, problems, groups)
+        batch_metrics = getattr(self.verifier, "batch_metrics", None)
+        return exprl.StepScores(rewards, valid, metrics=dict(batch_metrics()) if callable(batch_metrics) else {})
 
     def reference_judge_calls(self) -> int:
         return int(getattr(self.reference_judge, "calls", 0))

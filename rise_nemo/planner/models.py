@@ -1,5 +1,5 @@
-"""Model shapes for the planner: a built-in table of dense Qwen3 (and Qwen2.5 7B) sizes, or a local HF
-``config.json``.
+"""Model shapes for the planner: a built-in table of dense Qwen3 (and Qwen2.5 7B, DeepSeek-Coder-6.7B) sizes,
+or a local HF ``config.json``.
 
 The table holds the published Qwen3 and Qwen2.5-7B / Qwen2.5-Math-7B configurations (hidden size, layers, attention heads, KV heads, head
 dim, MLP width, vocabulary, tied embeddings), so the planner runs offline and without torch. Parameter
@@ -86,7 +86,14 @@ QWEN25: dict[str, ModelShape] = {
     name: ModelShape(name, 3584, 28, 28, 4, 128, 18944, 152064, False, qk_norm=False, qkv_bias=True)
     for name in ("qwen2.5-7b", "qwen2.5-math-7b")
 }
-BUILT_IN: dict[str, ModelShape] = {**QWEN3, **QWEN25}
+# DeepSeek-Coder-6.7B (base and instruct; the RRL paper's APPS+ model): the LLaMA architecture, hidden 4096,
+# 32 layers, 32 heads = 32 KV heads (no GQA), SwiGLU 11008, vocabulary 32256, untied embeddings, no biases,
+# no q/k norm (the model card's config.json). 6.74B parameters in all.
+DEEPSEEK_CODER: dict[str, ModelShape] = {
+    "deepseek-coder-6.7b": ModelShape("deepseek-coder-6.7b", 4096, 32, 32, 32, 128, 11008, 32256, False,
+                                      qk_norm=False, qkv_bias=False),
+}
+BUILT_IN: dict[str, ModelShape] = {**QWEN3, **QWEN25, **DEEPSEEK_CODER}
 
 
 def _table_key(name: str) -> str:

@@ -75,3 +75,16 @@ def test_coverage_agrees_with_failure_matrix_on_zero_weight_criteria():
     for k, row in enumerate(table.rows):
         known = torch.tensor([[v[k]] for v in verdicts if v[k] is not None])
         assert row.failed == int(failure_matrix(known, [weights[k]]).sum())
+
+
+def test_win_tie_lose_with_swapped_positions():
+    from rise_nemo.core.metrics import win_tie_lose
+
+    # pairs: both orders ours; ours + tie; both theirs; orders disagree; both ties; tie + theirs
+    out = win_tie_lose([1, 1, -1, 1, 0, 0], [1, 0, -1, -1, 0, -1])
+    assert out == {"win": 2 / 6, "tie": 2 / 6, "lose": 2 / 6, "n": 6}
+    assert win_tie_lose([], []) == {"win": 0.0, "tie": 0.0, "lose": 0.0, "n": 0}
+    with pytest.raises(ValueError, match="2 verdicts vs 1"):
+        win_tie_lose([1, 1], [1])
+    with pytest.raises(ValueError, match="-1, 0 or 1"):
+        win_tie_lose([2], [1])

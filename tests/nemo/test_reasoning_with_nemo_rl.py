@@ -185,7 +185,8 @@ def test_value_loss_adapter_equals_mse_value_loss_summed_over_microbatches():
 
 
 @pytest.mark.parametrize("name", ["ppo_math_7b.yaml", "grpo_math_qwen3_4b.yaml", "exprl_outcome_qwen3_4b.yaml",
-                                  "exprl_process_qwen3_4b.yaml", "exprl_stage2_qwen3_4b.yaml", "rrl_math_7b.yaml"])
+                                  "exprl_process_qwen3_4b.yaml", "exprl_stage2_qwen3_4b.yaml", "rrl_math_7b.yaml",
+                                  "ppo_apps_deepseek_coder_6.7b.yaml", "rrl_apps_deepseek_coder_6.7b.yaml"])
 def test_reasoning_recipes_pass_nemo_rl_master_config(name, tmp_path, monkeypatch):
     """The two reasoning recipes merged over their NeMo-RL example config pass NeMo-RL's GRPO MasterConfig
     and keep their layout (the same check test_with_nemo_rl.py runs for the other recipes)."""

@@ -46,3 +46,11 @@ def test_hf_config_errors_name_the_file(tmp_path):
         from_hf_config(bad)
     with pytest.raises(ModelShapeError, match="unknown model 'llama-7b'"):
         resolve_model("llama-7b")
+
+
+def test_deepseek_coder_shape():
+    """DeepSeek-Coder-6.7B (the RRL paper's APPS model): LLaMA shape, 6.74B parameters, any HF spelling."""
+    m = resolve_model("deepseek-ai/deepseek-coder-6.7b-instruct")
+    assert m is resolve_model("deepseek-coder-6.7b-base") and m.name == "deepseek-coder-6.7b"
+    assert m.total_params / 1e9 == pytest.approx(6.74, rel=0.005)
+    assert (m.kv_heads, m.qk_norm, m.qkv_bias, m.tied_embeddings) == (32, False, False, False)

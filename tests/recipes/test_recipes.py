@@ -23,12 +23,14 @@ NEMO_RECIPES = sorted(p.name for p in RECIPES.glob("*.yaml")
 EXPECTED = {"rise_4b.yaml", "rise_14b.yaml", "rubric_rl_14b.yaml", "ruscarl_14b.yaml", "rise_14b_coupled.yaml",
             "rise_14b_uniform.yaml", "opd_14b_teacher32b.yaml", "opd_4b_teacher14b.yaml", "ppo_math_7b.yaml",
             "grpo_math_qwen3_4b.yaml", "exprl_outcome_qwen3_4b.yaml", "exprl_process_qwen3_4b.yaml",
-            "exprl_stage2_qwen3_4b.yaml", "rrl_math_7b.yaml"}
+            "exprl_stage2_qwen3_4b.yaml", "rrl_math_7b.yaml", "ppo_apps_deepseek_coder_6.7b.yaml",
+            "rrl_apps_deepseek_coder_6.7b.yaml"}
 DOCUMENTED_NODES = {"rise_4b.yaml": 2, "rise_14b.yaml": 2, "rubric_rl_14b.yaml": 2, "ruscarl_14b.yaml": 2,
                     "rise_14b_coupled.yaml": 2, "rise_14b_uniform.yaml": 2, "opd_14b_teacher32b.yaml": 3,
                     "opd_4b_teacher14b.yaml": 2, "ppo_math_7b.yaml": 1, "grpo_math_qwen3_4b.yaml": 1,
                     "exprl_outcome_qwen3_4b.yaml": 2, "exprl_process_qwen3_4b.yaml": 2, "exprl_stage2_qwen3_4b.yaml": 1,
-                    "rrl_math_7b.yaml": 1}
+                    "rrl_math_7b.yaml": 1, "ppo_apps_deepseek_coder_6.7b.yaml": 1,
+                    "rrl_apps_deepseek_coder_6.7b.yaml": 1}
 
 
 def load(name: str, *overrides: str) -> dict:
@@ -224,3 +226,20 @@ def test_exprl_recipes_carry_the_issue_settings():
         "exprl_process", 16, 0.2, 0.26)
     assert (s2["method"], s2["grpo"]["group_size"], s2["grpo"]["prompts_per_step"], s2["grpo"]["kl_coef"],
             s2["train"]["steps"]) == ("grpo", 32, 32, 0.0, 500)
+
+
+def test_apps_recipes_are_the_math_setup_on_code():
+    """Issue 25: RRL and its PPO baseline on APPS with DeepSeek-Coder-6.7B-Instruct: the paper's settings of the
+    math recipes, the APPS format (graded by the sandboxed unit-test reward), the coder model, replay as RRL."""
+    ppo, rrl, math = (load(n) for n in ("ppo_apps_deepseek_coder_6.7b.yaml", "rrl_apps_deepseek_coder_6.7b.yaml",
+                                         "ppo_math_7b.yaml"))
+    assert (ppo["method"], rrl["method"]) == ("ppo", "rrl")
+    for tree in (ppo, rrl):
+        assert tree["data"]["format"] == "apps" and tree["grpo"] == math["grpo"]
+        assert tree["nemo"]["policy"]["model_name"] == "deepseek-ai/deepseek-coder-6.7b-instruct"
+        assert tree["nemo"]["value"] == math["nemo"]["value"]
+        report = plan_recipe(tree)
+        assert report.layout.critic.model.name == "deepseek-coder-6.7b" and report.layout.judge is None
+    assert rrl["rrl"] == load("rrl_math_7b.yaml")["rrl"]
+    assert {k: v for k, v in rrl.items() if k not in ("rrl", "method", "run")} == {
+        k: v for k, v in ppo.items() if k not in ("rrl", "method", "run")}

@@ -1,0 +1,79 @@
+"""Each attack on the sandbox ends with reward 0, a logged reason, the host unchanged and the trainer alive
+(rise_nemo/judges/sandbox_attacks.py: the attack programs, the bait and what "contained" checks)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from rise_nemo.judges.code_verifier import CodeResult, CodeTests
+from rise_nemo.judges.sandbox_attacks import ATTACKS, HostBait, run_attack
+
+
+@pytest.fixture(scope="module")
+def bait():
+    with HostBait() as b:
+        yield b
+
+
+# the outcome kind each attack ends with (the reason must say why)
+EXPECTED = {
+    "fork_bomb": {"timeout", "runtime_error"}, "rm_rf_home": {"wrong_answer"}, "rm_rf_run_dir": {"wrong_answer"},
+    "write_outside_tmp": {"wrong_answer"}, "read_api_key_env": {"wrong_answer"}, "read_ssh_key": {"wrong_answer"},
+    "read_run_dir": {"wrong_answer"}, "open_socket": {"runtime_error"}, "allocate_50gb": {"memory"},
+    "infinite_loop": {"timeout"}, "print_1gb": {"output_limit"}, "close_stdout": {"timeout"},
+    "sleep_past_limit": {"timeout"}, "daemon_outlives": {"wrong_answer"}, "kill_parent": {"wrong_answer"},
+    "sigstop_self": {"timeout"}, "ctypes_crash": {"runtime_error"},
+}
+
+
+def test_every_attack_has_an_expectation():
+    assert {a.name for a in ATTACKS} == set(EXPECTED)
+    assert len(ATTACKS) >= 14
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
+def test_attack_is_contained(verifier, bait, attack, caplog):
+    trainer_pid = os.getpid()
+    with caplog.at_level(logging.INFO, logger="rise_nemo.judges.code_verifier"):
+        report = run_attack(verifier, attack, bait)
+    assert report.contained, report
+    assert report.reward == 0.0 and report.outcome in EXPECTED[attack.name], report
+    assert report.reason and not report.damage and not report.leftover and report.trainer_ok
+    assert os.getpid() == trainer_pid and os.environ.get("RISE_NEMO_JUDGE_API_KEY") == bait.proof
+
+
+def test_killed_sandbox_leaves_no_process(verifier, bait):
+    """The daemon's command line carries the bait token: it must be gone as soon as grading returns."""
+    from rise_nemo.judges.sandbox_attacks import leftover_processes
+
+    daemon = next(a for a in ATTACKS if a.name == "daemon_outlives")
+    code = daemon.code.format(**bait.fields()).replace('print("started a daemon")',
+                                                        "import time\ntime.sleep(3600)")
+    [result] = verifier.grade([code], [CodeTests([""], ["x"])])
+    assert result.outcome == "timeout"
+    assert leftover_processes(bait.token) == []
+
+
+class _Escaping:
+    """A verifier that reports every program as passing: run_attack must call that an escape."""
+
+    def grade(self, responses, tests):
+        return [CodeResult(1.0, 1, 1, "passed", "all tests passed") for _ in responses]
+
+
+def test_run_attack_reports_an_escape(bait):
+    report = run_attack(_Escaping(), ATTACKS[0], bait)
+    assert not report.contained and report.reward == 1.0
+
+
+def test_bait_detects_host_damage():
+    with HostBait() as b:
+        assert b.damage() == []
+        (b.run_dir / "pwned").write_text("x")
+        (b.home / ".ssh" / "id_ed25519").unlink()
+        b.home.joinpath(".ssh", "id_ed25519").write_text("other")
+        damage = b.damage()
+    assert "run directory changed" in damage and "home's SSH key changed or removed" in damage
