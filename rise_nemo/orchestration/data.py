@@ -139,7 +139,10 @@ def check_real_model(cfg: Any) -> None:
     """Real-text reasoning data (``data.source: jsonl`` of a reasoning method: GSM8K, MATH, our own rows) on
     the local backend needs a pretrained model: ``local.model_path``, a directory holding a Hugging Face causal
     LM and its tokenizer. Without one the backend would build the tiny random model of the embedded task, whose
-    word tokenizer turns real text into unknown tokens, and train garbage: a one-line error naming the key. On
+    word tokenizer turns real text into unknown tokens, and train garbage: a one-line error naming the key. A
+    tiny model on a tokenizer of the user's own (``local.tokenizer`` a path, e.g. a word vocabulary built for a
+    small code task) is a deliberate choice and passes here; ``check_tokenizer_covers`` then refuses any prompt
+    or reference it cannot encode. On
     any backend, ExpRL on such data needs an LLM reference judge (the rule judge reads the embedded task only)."""
     if cfg.data.source != "jsonl" or not _reasoning_method(cfg):
         return
@@ -155,6 +158,8 @@ def check_real_model(cfg: Any) -> None:
     local = cfg.local or {}
     if local.get("model_path") is not None or local.get("model") is not None:
         return
+    if not str(local.get("tokenizer") or "builtin:").startswith("builtin:"):
+        return  # the user's own tokenizer on a tiny model: check_tokenizer_covers refuses unknown tokens
     raise UserError(
         f"config key 'local.model_path': data.source=jsonl (format {cfg.data.format}, {cfg.data.train_path}) is real "
         "text, which the local backend's tiny random model and word tokenizer cannot read; set local.model_path to "
