@@ -17,6 +17,7 @@ wants a dataset). The caller -- the orchestration -- supplies both: no backend i
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -31,11 +32,24 @@ BACKEND_MODULES: dict[str, str] = {
 
 
 def require_backend_extras(name: str) -> None:
-    """`pip install rise_nemo` alone has no transformers: a missing extra is a UserError naming it."""
-    if name == "local":
-        from rise_nemo.errors import require_extra
+    """`pip install rise_nemo` alone has no transformers, and NeMo-RL is never a pip dependency: either
+    missing is a one-line UserError naming what to install, raised before any model is built."""
+    from rise_nemo.errors import UserError, require_extra
 
+    if name == "local":
         require_extra("local", "transformers", "tokenizers", "safetensors", what="the local backend")
+    elif name == "nemo":
+        try:
+            importlib.import_module("nemo_rl.algorithms.grpo")
+        except ImportError as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            where = os.environ.get("NEMO_RL_DIR")
+            where = f"NEMO_RL_DIR={where}" if where else "NEMO_RL_DIR is unset; the container's is /opt/nemo-rl"
+            raise UserError(
+                f"backend: nemo needs NeMo-RL v0.7.0, which this Python cannot import ({reason}): run inside "
+                f"the NeMo-RL container, or install a NeMo-RL v0.7.0 checkout and its dependencies "
+                f"(pip install -e \"$NEMO_RL_DIR\"; {where}); `rise-nemo plan` checks a recipe without it"
+            ) from None
 
 
 def backend_module(cfg: Any) -> ModuleType:

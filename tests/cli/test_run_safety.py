@@ -325,3 +325,69 @@ def test_samples_jsonl_records_what_was_trained_on(finished):
             assert r["kind"] in (1, None) and (r["advantage"] is None or r["advantage"] > 0)  # eq. 8
         else:
             assert r["kind"] == 0 and isinstance(r["advantage"], float)
+
+
+# -- issue 22 items 3 / 4: a trainer's eval is never overwritten; outputs and NeMo-RL checked first --------
+
+def test_eval_with_overrides_never_replaces_the_trainers_eval(run_copy, capsys):
+    _, run_copy = run_copy
+    from rise_nemo.orchestration.report import load_run
+
+    trainer_eval = run_copy / "eval" / "step_000002.json"
+    before = trainer_eval.read_bytes()
+    for _ in range(2):
+        assert main(["eval", str(run_copy), "eval.samples_per_prompt=3"]) == 0
+    assert trainer_eval.read_bytes() == before
+    cli = sorted(p.name for p in (run_copy / "eval" / "cli").iterdir())
+    assert cli == ["step_000002.2.json", "step_000002.json"], cli
+    assert f"written: {run_copy / 'eval' / 'cli' / 'step_000002.2.json'}" in capsys.readouterr().out
+    smaller = json.loads((run_copy / "eval" / "cli" / "step_000002.json").read_text())
+    assert smaller["num_responses"] == 3 * smaller["num_prompts"]
+    # `report` keeps reading the trainer's evaluation (2 samples per prompt), not the later one with 3.
+    evals = load_run(run_copy).evals
+    assert [e["num_responses"] for e in evals] == [json.loads(before)["num_responses"]] == [2 * 3]
+
+
+def test_eval_refuses_an_out_that_is_a_folder_or_the_trainers_eval_before_any_work(run_copy, tmp_path, capsys,
+                                                                                    no_model_build):
+    _, run_copy = run_copy
+    folder = tmp_path / "results"
+    folder.mkdir()
+    assert main(["eval", str(run_copy), "--out", str(folder)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"--out {folder}: is a directory" in line, line
+    assert main(["eval", str(run_copy), "--out", str(run_copy / "eval" / "step_000002.json")]) == 2
+    assert "trainer's evaluation" in _one_line(capsys.readouterr().err)
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    assert main(["eval", str(run_copy), "--out", str(blocker / "e.json")]) == 2
+    assert f"{blocker} is a file" in _one_line(capsys.readouterr().err)
+    assert list(folder.iterdir()) == []
+
+
+def test_report_refuses_an_out_that_is_a_file_before_plotting(finished, tmp_path, capsys, monkeypatch):
+    _, finished = finished
+    import rise_nemo.orchestration.report as report
+
+    monkeypatch.setattr(report, "load_run", lambda p: pytest.fail("a run was read before --out was checked"))
+    existing = tmp_path / "report.md"
+    existing.write_text("mine")
+    assert main(["report", str(finished), "--out", str(existing)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"--out {existing}: is a file; give a folder" in line, line
+    assert existing.read_text() == "mine"
+
+
+def test_nemo_recipe_without_nemo_rl_is_one_line_naming_nemo_rl_dir(tmp_path, capsys, monkeypatch, no_model_build):
+    monkeypatch.setitem(sys.modules, "nemo_rl", None)  # NeMo-RL not importable, as on any machine without it
+    monkeypatch.setenv("NEMO_RL_DIR", str(tmp_path / "nemo-rl"))
+    data = tmp_path / "math.jsonl"
+    data.write_text(json.dumps({"problem": "What is 1+1?", "solution": "\\boxed{2}"}) + "\n")
+    monkeypatch.setenv("RISE_TRAIN_DATA", str(data))
+    monkeypatch.setenv("RISE_EVAL_DATA", str(data))
+    run_dir = tmp_path / "run"
+    assert main(["train", "--config", "grpo_math_qwen3_4b", f"run.dir={run_dir}"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "needs NeMo-RL v0.7.0" in line and f"NEMO_RL_DIR={tmp_path / 'nemo-rl'}" in line, line
+    assert "pip install" in line and "rise-nemo plan" in line, line
+    assert not run_dir.exists()
