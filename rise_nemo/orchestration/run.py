@@ -50,15 +50,18 @@ def build_checked_judge(cfg: Any, probe: bool = True, reference: bool = False) -
     """``build_judge`` with its config errors as one-line ``UserError``s; HTTP judges are probed.
     ``reference``: ExpRL's reference judge (rise_nemo.judges.reference) from the same ``judge:`` block."""
     from rise_nemo.judges import build_judge
-    from rise_nemo.judges.client import JudgeError
     from rise_nemo.judges.reference import build_reference_judge
 
     judge_cfg = cfg.judge
     kind = judge_cfg.get("type") if isinstance(judge_cfg, Mapping) else None
-    if kind == "http":
+    judge_errors: tuple[type[Exception], ...] = (ValueError,)
+    if kind == "http":  # only the LLM judge needs the 'judge' extra (aiohttp): the rule judge runs without it
         require_extra("judge", "aiohttp", what="the LLM judge (judge.type: http)")
         if judge_cfg.get("ray_actor"):
             require_extra("judge", "ray", what="the judge's Ray actor (judge.ray_actor: true)")
+        from rise_nemo.judges.client import JudgeError
+
+        judge_errors += (JudgeError,)
     try:
         if kind == "http":  # validate the block and the key's variable, then probe, before any actor starts
             from rise_nemo.judges.http import HttpJudgeConfig
@@ -69,7 +72,7 @@ def build_checked_judge(cfg: Any, probe: bool = True, reference: bool = False) -
 
                 probe_judge_urls(judge_cfg)
         return build_reference_judge(judge_cfg) if reference else build_judge(judge_cfg)
-    except (ValueError, JudgeError) as exc:
+    except judge_errors as exc:
         if isinstance(exc, UserError):
             raise
         message = str(exc)
