@@ -197,3 +197,36 @@ def test_each_extra_runs_its_commands_or_names_the_missing_one(tmp_path):
     assert "needs the 'local' extra" in line, line
     for name in ("http", "pq", "core"):
         assert not (work / name).exists()
+
+
+# -- make install takes the CPU build of torch (issue 22 item 12) -----------------------------------------------
+
+def _fake_venv(tmp_path: Path) -> tuple[Path, Path]:
+    """A venv whose pip records its arguments (one line per call) and fails any call that uses --index-url
+    while FAKE_INDEX_DOWN=1 (PyTorch's index unreachable)."""
+    venv, log = tmp_path / "venv", tmp_path / "pip_calls.log"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 0\n")
+    (venv / "bin" / "pip").write_text(
+        f'#!/bin/bash\necho "$*" >> {log}\n'
+        'if [[ ${FAKE_INDEX_DOWN:-0} == 1 && " $* " == *" --index-url "* ]]; then exit 1; fi\n')
+    for tool in ("python", "pip"):
+        (venv / "bin" / tool).chmod(0o755)
+    return venv, log
+
+
+@pytest.mark.parametrize("index_down", [False, True])
+def test_make_install_takes_torch_from_the_cpu_index_and_falls_back_when_it_is_down(tmp_path, index_down):
+    venv, log = _fake_venv(tmp_path)
+    env = {**os.environ, "FAKE_INDEX_DOWN": "1" if index_down else "0"}
+    res = subprocess.run(["make", "-s", "install", f"VENV={venv}"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    torch_calls = [c for c in log.read_text().splitlines() if "torch==2.13.0" in c]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_calls[0], torch_calls
+    if index_down:
+        assert len(torch_calls) == 2 and "--index-url" not in torch_calls[1], torch_calls
+        assert "not installable from https://download.pytorch.org/whl/cpu" in res.stderr, res.stderr
+    else:
+        assert len(torch_calls) == 1 and "trying the default index" not in res.stderr
+    assert (venv / "bin" / ".installed").exists()
