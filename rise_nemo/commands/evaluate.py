@@ -82,8 +82,16 @@ def run(args: argparse.Namespace) -> int:
         print("rise-nemo eval: give a RUN_DIR or --config", file=sys.stderr)
         return 2
     run_dir = Path(args.run_dir) if args.run_dir else None
+    if run_dir is not None and (run_dir / "pipeline.json").is_file():
+        from rise_nemo.orchestration.pipeline import expand_pipeline_dirs
+
+        run_dir = Path(expand_pipeline_dirs([run_dir])[-1])  # a pipeline's model is its last stage's
+        print(f"rise-nemo eval: {args.run_dir} is a pipeline directory: evaluating its last stage, {run_dir}",
+              file=sys.stderr)
     if run_dir is not None and not (run_dir / "config.yaml").is_file() and args.config is None:
-        raise UserError(f"{run_dir}: not a run directory (no config.yaml); give a run directory or --config")
+        inside = sorted(str(p.parent) for p in run_dir.glob("*/config.yaml")) if run_dir.is_dir() else []
+        hint = f"; the run directories in it: {', '.join(inside)}" if inside else ""
+        raise UserError(f"{run_dir}: not a run directory (no config.yaml); give a run directory or --config{hint}")
     if args.out is not None:
         _check_out(Path(args.out))
     config = resolve_recipe(args.config) if args.config else run_dir / "config.yaml"

@@ -138,8 +138,10 @@ def load_prompts_checked(cfg: Any, env_sources: Mapping[str, str] | None = None)
         value = cfg.data.get(key) if cfg.data.source == "jsonl" else None
         if value and not Path(str(value)).is_file():
             var = env_sources.get(f"data.{key}")
-            how = f"set ${var} to the file" if var else f"set data.{key}"
-            raise UserError(f"config key 'data.{key}': file not found: {value} ({how})")
+            how = f" (set ${var} to the file)" if var else ""  # the key is named once, up front
+            what = (f"{value} is a directory, not a data file (JSONL or parquet)" if Path(str(value)).is_dir()
+                    else f"file not found: {value}")
+            raise UserError(f"config key 'data.{key}': {what}{how}")
     try:
         return load_prompts(cfg)
     except (RubricError, ValueError) as exc:

@@ -205,6 +205,28 @@ def test_a_missing_data_file_names_the_variable_that_sets_it(tmp_path, tokenizer
     assert "data.train_path" in line and "data/train.jsonl" in line and "$RISE_TEST_TRAIN_DATA" in line
 
 
+def test_a_data_path_that_is_a_directory_says_so_naming_the_key_once(tmp_path, tokenizer_dir, capsys,
+                                                                     no_model_build):
+    """issue 22 item 13: a folder was reported as "file not found", and the key twice ("(set data.train_path)")."""
+    folder = tmp_path / "data_dir"
+    folder.mkdir()
+    recipe = _jsonl_recipe(tmp_path, tokenizer_dir, str(folder))
+    assert main(["train", "--config", str(recipe)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"'data.train_path': {folder} is a directory, not a data file" in line, line
+    assert line.count("data.train_path") == 1 and "not found" not in line
+    assert main(["train", "--config", str(recipe), f"data.train_path={tmp_path / 'nope.jsonl'}"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.count("data.train_path") == 1 and f"file not found: {tmp_path / 'nope.jsonl'}" in line, line
+
+
+def test_train_prints_the_absolute_run_directory_at_the_end(finished, tmp_path, capsys, monkeypatch):
+    recipe, _ = finished
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", str(recipe), "--run-dir", "rel_run", "train.steps=1", *FAST]) == 0
+    assert f"run directory: {tmp_path / 'rel_run'}\n" in capsys.readouterr().out
+
+
 JUDGE = ["judge.type=http", "++judge.base_urls=[http://127.0.0.1:9/v1]", "++judge.model=m", "++judge.ray_actor=false"]
 
 
