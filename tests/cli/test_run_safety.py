@@ -413,3 +413,34 @@ def test_nemo_recipe_without_nemo_rl_is_one_line_naming_nemo_rl_dir(tmp_path, ca
     assert "needs NeMo-RL v0.7.0" in line and f"NEMO_RL_DIR={tmp_path / 'nemo-rl'}" in line, line
     assert "pip install" in line and "rise-nemo plan" in line, line
     assert not run_dir.exists()
+
+
+SIGNAL_CHILD = """
+import os, signal, sys, time
+import rise_nemo.orchestration.run as run
+from rise_nemo.cli import main
+
+def warm_start_interrupted(*args, **kwargs):  # the warm start is under way when the signal comes
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    raise SystemExit("the signal never arrived")
+
+run.warm_start_policy = warm_start_interrupted
+sys.exit(main(["train", "--config", sys.argv[2], "--run-dir", sys.argv[3]]))
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGUSR1"])
+def test_a_stop_signal_during_the_warm_start_leaves_no_run_directory(finished, tmp_path, sig):
+    """issue 22 item 13: SIGTERM (scancel, requeue) during the warm start left a run directory holding only .lock,
+    Ctrl-C a KeyboardInterrupt traceback. Now: one line, exit 0 (as a stop during training), nothing left."""
+    recipe, _ = finished
+    run_dir = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-c", SIGNAL_CHILD, sig, str(recipe), str(run_dir)], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    line = _one_line(res.stderr)
+    assert f"stopped by {sig} before training started" in line and "run the same command again" in line, line
+    assert not run_dir.exists()
