@@ -53,6 +53,8 @@ def test_resumed_reasoning_run_reproduces_the_uninterrupted_run_exactly(tmp_path
         assert a[0]["loss/kl"] is not None  # PPO's paper default KL 0.001 with the local reference policy
     else:
         assert "critic/value_loss" not in a[0]
+    rise_only = sorted({k for m in a for k in m if k == "loss/guide" or k.startswith("guide/")})
+    assert rise_only == [], rise_only  # issue 22 item 13: no RISE-only keys in PPO / GRPO metrics
     ev = _evals(full)["step_000002.json"]
     assert ev["kind"] == "reasoning" and set(ev["levels"]) == {"1", "2", "3"}
     assert set(ev["levels"]["1"]["pass_at_k"]) == {"1", "2"}
