@@ -142,3 +142,15 @@ def test_eval_command_and_report_on_a_reasoning_run(tmp_path, capsys):
     text = report.read_text()
     assert "pass@1" in text and (report.parent / "pass_at_k.png").is_file()
     assert (report.parent / "pass_vs_step.png").is_file()
+
+
+@pytest.mark.parametrize("method", ["sft", "grpo", "ppo"])
+def test_the_progress_bar_shows_only_what_the_method_logs(tmp_path, method):
+    """issue 22 item 13: the SFT bar showed r=-, ev=-, pg=- (GRPO's ev=- too): every column is a logged value."""
+    trainer = build_trainer(_cfg(tmp_path / method, method, steps=1))
+    assert trainer.run() == 0
+    last = read_metrics(tmp_path / method)[-1]
+    shown = {short: last.get(key) for key, short in trainer._progress_keys}
+    # (PPO's explained variance is undefined, '-', on a step whose returns are all equal: issue 22 item 9)
+    assert shown and all(v is not None for k, v in shown.items() if k != "ev"), shown
+    assert ("nll" in shown) == (method == "sft") and ("ev" in shown) == (method == "ppo"), shown
