@@ -65,6 +65,8 @@ def test_the_wheel_carries_recipes_and_the_sample(tmp_path):
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                           "-w", str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
+    # issue 22 item 13: `license = { text = ... }` made setuptools warn six times at every install
+    assert [x for x in (res.stdout + res.stderr).splitlines() if "license" in x.lower()] == []
     (wheel,) = tmp_path.glob("rise_nemo-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     data = "rise_nemo-0.1.0.data/data/share/rise_nemo/recipes/"
