@@ -191,13 +191,17 @@ def test_each_extra_runs_its_commands_or_names_the_missing_one(tmp_path):
     line = _one_line(_cli(local, work, "train", "--config", "rise_tiny_cpu", "--run-dir", str(work / "pq"),
                           "data.source=jsonl", f"data.train_path={parquet}", f"data.eval_path={parquet}").stderr)
     assert "pyarrow" in line and "rise_nemo[data]" in line, line
+    gsm8k = REPO / "tests" / "data" / "fixtures" / "gsm8k_test_first8.jsonl"
+    line = _one_line(_cli(local, work, "train", "--config", "grpo_chain_tiny_cpu", "--run-dir", str(work / "math"),
+                          "data.source=jsonl", "data.format=gsm8k", f"data.train_path={gsm8k}").stderr)
+    assert "needs the 'math' extra" in line and "pip install 'rise_nemo[math]'" in line, line
 
     core = _only_extras_env(tmp_path, ())
     res = _cli(core, work, "plan", "rise_14b")
     assert res.returncode == 0 and "plan: rise_14b" in res.stdout, res.stderr
     line = _one_line(_cli(core, work, "train", "--config", "rise_tiny_cpu", "--run-dir", str(work / "core")).stderr)
     assert "needs the 'local' extra" in line, line
-    for name in ("http", "pq", "core"):
+    for name in ("http", "pq", "math", "core"):
         assert not (work / name).exists()
 
 

@@ -46,10 +46,21 @@ def reasoning_tools(cfg: Any) -> tuple[Any, Any]:
 
         return RuleArithmeticVerifier(), step_accuracy
     if cfg.data.source == "jsonl" and _reasoning_method(cfg):
+        require_verifier_extras(cfg)
         from rise_nemo.judges.verifiers import MathVerifier
 
         return MathVerifier(), None
     raise ValueError(f"config key 'data.source': {cfg.data.source!r} has no verifier for method {cfg.method!r}")
+
+
+def require_verifier_extras(cfg: Any) -> None:
+    """Reasoning files are checked with math-verify (the 'math' extra): a one-line UserError naming it, raised
+    before any data is read or model built (rise_nemo.orchestration.run)."""
+    if cfg.data.source == "jsonl" and _reasoning_method(cfg):
+        from rise_nemo.errors import require_extra
+
+        require_extra("math", "math_verify", what="checking math answers (data.source: jsonl, method "
+                      f"{cfg.method})")
 
 
 def _reasoning_method(cfg: Any) -> bool:

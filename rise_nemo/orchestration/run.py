@@ -16,7 +16,12 @@ from typing import Any
 from rise_nemo.errors import UserError, require_extra
 from rise_nemo.methods import get_method
 from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.data import load_prompts_checked, reasoning_tools, warm_start_policy
+from rise_nemo.orchestration.data import (
+    load_prompts_checked,
+    reasoning_tools,
+    require_verifier_extras,
+    warm_start_policy,
+)
 from rise_nemo.orchestration.rundir import RunDirLock, check_resume, check_run_dir_path
 from rise_nemo.orchestration.signals import interrupt_setup
 from rise_nemo.orchestration.trainer import Trainer, resolve_run_dir
@@ -98,6 +103,7 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
             changes = check_resume(run_dir, cfg, allow_config_change)
             check_method(cfg)
             method = get_method(str(cfg.method))
+            require_verifier_extras(cfg)
             train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
             check_backend(cfg)
             # Reasoning methods score with a verifier (ExpRL's also with a reference judge); the rubric methods need
