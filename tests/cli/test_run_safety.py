@@ -400,7 +400,7 @@ def test_report_refuses_an_out_that_is_a_file_before_plotting(finished, tmp_path
     assert existing.read_text() == "mine"
 
 
-def test_nemo_recipe_without_nemo_rl_is_one_line_naming_nemo_rl_dir(tmp_path, capsys, monkeypatch, no_model_build):
+def test_nemo_recipe_without_nemo_rl_is_one_line_naming_nemo_rl_dir(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "nemo_rl", None)  # NeMo-RL not importable, as on any machine without it
     monkeypatch.setenv("NEMO_RL_DIR", str(tmp_path / "nemo-rl"))
     data = tmp_path / "math.jsonl"
