@@ -5,6 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CONSTRAINTS := .ci/constraints-cpu.txt
+# torch==2.13.0 comes from PyTorch's CPU index (a local wheel in pip's find-links is taken too): PyPI's Linux
+# build is the multi-GB CUDA one. Where that index cannot be reached, the default index is used instead, with
+# a warning (pip's find-links, e.g. /opt/wheels, still supplies a local CPU wheel there).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 # Ray must stay on loopback (docs/DESIGN.md §5).
@@ -15,7 +19,10 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 $(BIN)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c $(CONSTRAINTS) torch==2.13.0
+	$(BIN)/pip install -q --retries 1 --timeout 20 -c $(CONSTRAINTS) --index-url $(TORCH_INDEX) torch==2.13.0 || { \
+	  echo "make install: torch==2.13.0 not installable from $(TORCH_INDEX); trying the default index" \
+	    "(without a local CPU wheel, Linux gets the multi-GB CUDA build there)" >&2; \
+	  $(BIN)/pip install -q -c $(CONSTRAINTS) torch==2.13.0; }
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[all]'
 	touch $@
 

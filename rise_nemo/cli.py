@@ -6,7 +6,8 @@ Only the chosen command's module is imported (they import their heavy dependenci
 
 Options and ``key=value`` overrides may come in any order (``parse_intermixed_args``). Every user error
 (``UserError``, ``ConfigError``, ``RubricError``) ends in one line on stderr and exit code 2, never a
-traceback; a closed pipe (``rise-nemo eval ... | head``) ends quietly.
+traceback; a closed pipe (``rise-nemo eval ... | head``) ends quietly; a stop signal during a run's set-up
+(``SetupInterrupted``) is one line and exit code 0, like a stop during training.
 """
 
 from __future__ import annotations
@@ -65,11 +66,16 @@ def _dispatch(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"rise-nemo {name}", description=module.HELP)
     module.add_arguments(parser)
     args = parser.parse_intermixed_args(rest)
+    from rise_nemo.orchestration.signals import SetupInterrupted
+
     try:
         return int(module.run(args) or 0)
     except _user_errors() as exc:
         print(f"rise-nemo {name}: {exc}", file=sys.stderr)
         return 2
+    except SetupInterrupted as exc:  # a stop signal before training began: exit 0, as a stop during training
+        print(f"rise-nemo {name}: {exc}", file=sys.stderr)
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ caught the same way by ``rise_nemo.cli``.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 
 class UserError(ValueError):
@@ -29,3 +30,19 @@ def require_extra(extra: str, *modules: str, what: str = "") -> None:
                 f"{needs} the '{extra}' extra (missing Python module {name!r}: {exc}); "
                 f"install it with: pip install 'rise_nemo[{extra}]'"
             ) from None
+
+
+def check_output_path(path: str | Path, option: str, *, directory: bool) -> Path:
+    """Refuse (``UserError``) an output path that cannot be written, before any work starts: a file where a
+    folder is wanted (``directory``) or a folder where a file is wanted, or a file on the way to it."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != directory:
+        wanted = "a folder" if directory else f"a file path (e.g. {path / 'result.json'})"
+        found = "a directory" if path.is_dir() else "a file"
+        raise UserError(f"{option} {path}: is {found}; give {wanted}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"{option} {path}: {parent} is a file, not a directory")
+            break
+    return path

@@ -17,6 +17,7 @@ wants a dataset). The caller -- the orchestration -- supplies both: no backend i
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +39,22 @@ def require_backend_extras(name: str) -> None:
         require_extra("local", "transformers", "tokenizers", "safetensors", what="the local backend")
 
 
+def nemo_rl_missing(exc: ImportError) -> Exception:
+    """NeMo-RL is never a pip dependency: its ImportError (the first thing the nemo backend's build does) as
+    a one-line UserError naming what to install and ``$NEMO_RL_DIR``."""
+    from rise_nemo.errors import UserError
+
+    cause = exc.__cause__ if isinstance(exc.__cause__, ImportError) else exc
+    reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+    where = os.environ.get("NEMO_RL_DIR")
+    where = f"NEMO_RL_DIR={where}" if where else "NEMO_RL_DIR is unset; the container's is /opt/nemo-rl"
+    return UserError(
+        f"backend: nemo needs NeMo-RL v0.7.0, which this Python cannot import ({reason}): run inside the "
+        f"NeMo-RL container, or install a NeMo-RL v0.7.0 checkout and its dependencies "
+        f"(pip install -e \"$NEMO_RL_DIR\"; {where}); `rise-nemo plan` checks a recipe without it"
+    )
+
+
 def backend_module(cfg: Any) -> ModuleType:
     """The module of ``cfg.backend`` (its extras checked first)."""
     name = cfg.backend
@@ -49,7 +66,13 @@ def backend_module(cfg: Any) -> ModuleType:
 
 def build_backend(cfg: Any, *, checkpoint: str | Path | None = None,
                   train_prompts: Sequence[Any] | None = None) -> tuple[Policy, Generator]:
-    policy, generator = backend_module(cfg).build_backend(cfg, checkpoint=checkpoint, train_prompts=train_prompts)
+    module = backend_module(cfg)
+    try:
+        policy, generator = module.build_backend(cfg, checkpoint=checkpoint, train_prompts=train_prompts)
+    except ImportError as exc:
+        if cfg.backend != "nemo":
+            raise
+        raise nemo_rl_missing(exc) from None
     return policy, generator
 
 

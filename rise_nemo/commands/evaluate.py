@@ -4,7 +4,10 @@
     rise-nemo eval RUN_DIR --checkpoint step_10 eval.samples_per_prompt=16   # options and overrides in any order
     rise-nemo eval --config recipes/x.yaml      # the initial (for the persistent task: warm-started) policy
 
-Writes ``<run dir>/eval/step_XXXXXX.json`` (or ``--out``) and prints the summary and coverage table.
+Writes ``<run dir>/eval/cli/step_XXXXXX.json`` (``step_XXXXXX.2.json``, ... when that exists; or ``--out``) and
+prints the summary and coverage table. The trainer's own ``<run dir>/eval/step_XXXXXX.json`` (what ``report``
+reads) is never overwritten, whatever the overrides; an ``--out`` that is a folder or a trainer's eval file is
+refused before any work starts.
 On a reasoning data source (``data.source: chain_arithmetic``) it reports unbiased pass@k for k = 1, 2, 4,
 ..., eval.samples_per_prompt per difficulty level, step accuracy, mean token entropy and response length
 (rise_nemo.orchestration.reasoning_eval).
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,7 +28,7 @@ HELP = "Guidance-free evaluation on held-out prompts: mean reward, persistent co
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="recipe YAML (default: RUN_DIR/config.yaml)")
     parser.add_argument("--checkpoint", default=None, help="checkpoint dir or name (default: latest)")
-    parser.add_argument("--out", default=None, help="JSON output path (default: RUN_DIR/eval/step_N.json)")
+    parser.add_argument("--out", default=None, help="JSON output file (default: RUN_DIR/eval/cli/step_N.json; never a trainer's eval/step_N.json)")
     # One positional list so that options may sit anywhere: the first item that is not an override
     # (no '=' and no leading '~') is the run directory.
     parser.add_argument("items", nargs="*", metavar="[RUN_DIR] KEY=VALUE",
@@ -78,8 +82,18 @@ def run(args: argparse.Namespace) -> int:
         print("rise-nemo eval: give a RUN_DIR or --config", file=sys.stderr)
         return 2
     run_dir = Path(args.run_dir) if args.run_dir else None
+    if run_dir is not None and (run_dir / "pipeline.json").is_file():
+        from rise_nemo.orchestration.pipeline import expand_pipeline_dirs
+
+        run_dir = Path(expand_pipeline_dirs([run_dir])[-1])  # a pipeline's model is its last stage's
+        print(f"rise-nemo eval: {args.run_dir} is a pipeline directory: evaluating its last stage, {run_dir}",
+              file=sys.stderr)
     if run_dir is not None and not (run_dir / "config.yaml").is_file() and args.config is None:
-        raise UserError(f"{run_dir}: not a run directory (no config.yaml); give a run directory or --config")
+        inside = sorted(str(p.parent) for p in run_dir.glob("*/config.yaml")) if run_dir.is_dir() else []
+        hint = f"; the run directories in it: {', '.join(inside)}" if inside else ""
+        raise UserError(f"{run_dir}: not a run directory (no config.yaml); give a run directory or --config{hint}")
+    if args.out is not None:
+        _check_out(Path(args.out))
     config = resolve_recipe(args.config) if args.config else run_dir / "config.yaml"
     env_sources: dict[str, str] = {}
     cfg = load_config(config, args.overrides, env_sources=env_sources)
@@ -116,10 +130,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = evaluate(cfg, generator, judge, eval_prompts, step)
         text = format_eval(result)
-    out = Path(args.out) if args.out else (run_dir / "eval" / f"step_{step:06d}.json" if run_dir else None)
+    out = Path(args.out) if args.out else (_fresh_path(run_dir / "eval" / "cli", step) if run_dir else None)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, out)
     print(text)
     if out is not None:
         print(f"written: {out}")
@@ -127,6 +143,30 @@ def run(args: argparse.Namespace) -> int:
 
 
 REASONING_SOURCES = ("chain_arithmetic",)
+
+
+def _is_trainer_eval(path: Path) -> bool:
+    """``path`` is (or would replace) a trainer's ``<run dir>/eval/step_N.json``."""
+    return (path.parent.name == "eval" and path.name.startswith("step_") and path.suffix == ".json"
+            and (path.parent.parent / "metrics.jsonl").is_file())
+
+
+def _check_out(out: Path) -> None:
+    from rise_nemo.errors import UserError, check_output_path
+
+    check_output_path(out, "--out", directory=False)
+    if _is_trainer_eval(out.resolve()):
+        raise UserError(f"--out {out}: that is the trainer's evaluation, which `report` reads; give another "
+                        f"file (the default is <run dir>/eval/cli/step_N.json)")
+
+
+def _fresh_path(folder: Path, step: int) -> Path:
+    """``folder/step_N.json``, or ``step_N.2.json``, ``step_N.3.json``, ... : never an existing file."""
+    out, n = folder / f"step_{step:06d}.json", 1
+    while out.exists():
+        n += 1
+        out = folder / f"step_{step:06d}.{n}.json"
+    return out
 
 
 def _reasoning_eval(cfg, generator, problems, step: int) -> tuple[dict, str]:

@@ -16,7 +16,7 @@ HELP = "Run (or resume) a multi-stage pipeline (ExpRL Stage I -> Stage II): FILE
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from rise_nemo.commands.train import _positive_int
 
-    parser.add_argument("pipeline", help="pipeline YAML (see recipes/exprl_pipeline_tiny_cpu.yaml)")
+    parser.add_argument("pipeline", help="pipeline YAML, or its name (e.g. exprl_pipeline_tiny_cpu, as for recipes)")
     parser.add_argument("--dir", default=None, help="pipeline directory (default: pipeline.dir); stages go below")
     parser.add_argument("--stop-after", type=_positive_int, default=None,
                         help="stop the current stage after this many of its steps, as a signal would")
@@ -38,5 +38,5 @@ def run(args: argparse.Namespace) -> int:
         from rise_nemo.orchestration.report import make_report
 
         print(f"report: {make_report([str(d) for d in dirs], str(pipeline.dir / 'report'))}")
-    print(f"pipeline directory: {pipeline.dir}" + ("" if complete else " (not finished: run the same command again)"))
+    print(f"pipeline directory: {pipeline.dir.resolve()}" + ("" if complete else " (not finished: run the same command again)"))
     return rc

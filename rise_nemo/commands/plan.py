@@ -83,8 +83,10 @@ def run(args: argparse.Namespace) -> int:
             nodes = args.train_nodes + nodes_from_cluster(tree) - get(tree, "nemo.cluster.num_nodes", typ=int)
         report = plan_recipe(tree, nodes=nodes, gpus_per_node=args.gpus_per_node, gpu_mem_gib=args.gpu_mem_gib)
     except (FileNotFoundError, RecipeKeyError, ModelShapeError, ValueError) as exc:
-        # ValueError covers rise_nemo.config.ConfigError (bad key/type, naming the file).
-        print(f"rise-nemo plan: {args.recipe}: {exc}", file=sys.stderr)
+        # ValueError covers rise_nemo.config.ConfigError (bad key/type, naming the file). The recipe is named
+        # once: not again in front of a message that already names it.
+        where = "" if str(args.recipe) in str(exc) else f"{args.recipe}: "
+        print(f"rise-nemo plan: {where}{exc}", file=sys.stderr)
         return 2
     print(format_report(report, path.stem))
     return 0 if report.ok else 1

@@ -16,9 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rise_nemo.errors import check_output_path
     from rise_nemo.orchestration.pipeline import expand_pipeline_dirs
     from rise_nemo.orchestration.report import make_report
 
+    if args.out is not None:
+        check_output_path(args.out, "--out", directory=True)  # before any run is read or plotted
     try:
         path = make_report(expand_pipeline_dirs(args.run_dirs), args.out)
     except (FileNotFoundError, ValueError) as exc:

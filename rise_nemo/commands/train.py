@@ -76,5 +76,5 @@ def run(args: argparse.Namespace) -> int:
     trainer = build_trainer(cfg, run_dir=args.run_dir, stop_after=args.stop_after,
                             allow_config_change=args.allow_config_change, env_sources=env_sources)
     rc = trainer.run()
-    print(f"run directory: {trainer.run_dir}")
+    print(f"run directory: {trainer.run_dir.resolve()}")  # absolute, as the start line in train.log
     return rc

@@ -39,14 +39,16 @@ def recipes_dir() -> Path:
     raise UserError(f"no recipes folder found (tried {', '.join(map(str, tried))}); set ${RECIPES_ENV}")
 
 
-def resolve_recipe(recipe: str | Path) -> Path:
-    """A recipe given as a path, or as a name (``rise_14b`` / ``rise_14b.yaml``) under ./recipes or
-    ``recipes_dir()``."""
+def resolve_recipe(recipe: str | Path, what: str = "recipe") -> Path:
+    """A recipe (or a pipeline file: ``what``) given as a path, or as a name (``rise_14b`` /
+    ``rise_14b.yaml``) under ./recipes or ``recipes_dir()``."""
     path = Path(recipe)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise UserError(f"{what} {path} is a directory, not a YAML file")
     if path.is_absolute() or len(path.parts) > 1 and (path.parent.is_dir() or path.suffix):
-        raise UserError(f"recipe file not found: {path}")
+        raise UserError(f"{what} file not found: {path}")
     bases = [Path.cwd() / "recipes"]
     try:
         bases.append(recipes_dir())
@@ -56,5 +58,5 @@ def resolve_recipe(recipe: str | Path) -> Path:
         for candidate in (base / path, base / f"{path}.yaml"):
             if candidate.is_file():
                 return candidate
-    raise UserError(f"recipe {str(recipe)!r} not found: neither a file nor a name under "
+    raise UserError(f"{what} {str(recipe)!r} not found: neither a file nor a name under "
                     f"{' or '.join(str(b) for b in bases)}")

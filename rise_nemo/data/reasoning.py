@@ -85,11 +85,15 @@ def extract_boxed(text: str) -> str | None:
     raise ValueError(f"unbalanced braces in {text[starts[-1].start():][:60]!r}")
 
 
+_GSM8K_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")  # 18, -3, 1000 (after "1,000"), 2.5
+
+
 def gsm8k_final_answer(solution: str) -> tuple[str, str]:
     """GSM8K ``answer`` field -> (worked steps without calculator annotations, final answer).
 
     The final answer is what follows the last ``####``, with thousands separators removed ("1,000" ->
-    "1000"); ValueError when there is no ``####`` line or nothing after it.
+    "1000"); ValueError when there is no ``####`` line, nothing after it, or not a number there (every GSM8K
+    answer is one; ``#### seven`` would otherwise become a reference no verifier can match).
     """
     steps, sep, tail = solution.rpartition("####")
     if not sep:
@@ -97,6 +101,8 @@ def gsm8k_final_answer(solution: str) -> tuple[str, str]:
     answer = tail.strip().replace(",", "")
     if not answer:
         raise ValueError("nothing after '####'")
+    if not _GSM8K_NUMBER.fullmatch(answer):
+        raise ValueError(f"the answer after '####' must be a number, got {answer[:40]!r}")
     return _CALCULATOR.sub("", steps).strip(), answer
 
 

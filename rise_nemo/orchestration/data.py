@@ -51,10 +51,21 @@ def reasoning_tools(cfg: Any) -> tuple[Any, Any]:
 
         return CodeVerifier(), None  # unit tests in the bubblewrap sandbox (docs/DESIGN.md §10)
     if cfg.data.source == "jsonl" and _reasoning_method(cfg):
+        require_verifier_extras(cfg)
         from rise_nemo.judges.verifiers import MathVerifier
 
         return MathVerifier(), None
     raise ValueError(f"config key 'data.source': {cfg.data.source!r} has no verifier for method {cfg.method!r}")
+
+
+def require_verifier_extras(cfg: Any) -> None:
+    """Reasoning files are checked with math-verify (the 'math' extra): a one-line UserError naming it, raised
+    before any data is read or model built (rise_nemo.orchestration.run)."""
+    if cfg.data.source == "jsonl" and _reasoning_method(cfg):
+        from rise_nemo.errors import require_extra
+
+        require_extra("math", "math_verify", what="checking math answers (data.source: jsonl, method "
+                      f"{cfg.method})")
 
 
 def _reasoning_method(cfg: Any) -> bool:
@@ -203,8 +214,10 @@ def load_prompts_checked(cfg: Any, env_sources: Mapping[str, str] | None = None)
         value = cfg.data.get(key) if cfg.data.source == "jsonl" else None
         if value and not Path(str(value)).is_file():
             var = env_sources.get(f"data.{key}")
-            how = f"set ${var} to the file" if var else f"set data.{key}"
-            raise UserError(f"config key 'data.{key}': file not found: {value} ({how})")
+            how = f" (set ${var} to the file)" if var else ""  # the key is named once, up front
+            what = (f"{value} is a directory, not a data file (JSONL or parquet)" if Path(str(value)).is_dir()
+                    else f"file not found: {value}")
+            raise UserError(f"config key 'data.{key}': {what}{how}")
     try:
         return load_prompts(cfg)
     except (RubricError, ValueError) as exc:

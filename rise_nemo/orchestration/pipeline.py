@@ -61,9 +61,9 @@ class Pipeline:
 
 def load_pipeline(path: str | Path, run_dir: str | Path | None = None) -> Pipeline:
     """Read and check a pipeline file; every error is a one-line ``UserError`` naming the file and key."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"pipeline file not found: {path}")
+    from rise_nemo.config.recipes import resolve_recipe
+
+    path = resolve_recipe(path, what="pipeline")  # a path, or a name like the recipes': exprl_pipeline_tiny_cpu
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -92,9 +92,7 @@ def load_pipeline(path: str | Path, run_dir: str | Path | None = None) -> Pipeli
         seen.add(sname)
         if not raw.get("recipe"):
             raise UserError(f"{where}.recipe is required")
-        recipe = (path.parent / str(raw["recipe"])).resolve()
-        if not recipe.is_file():
-            raise UserError(f"{where}.recipe: file not found: {recipe}")
+        recipe = _stage_recipe(path, str(raw["recipe"]), where)
         ov = raw.get("overrides") or {}
         if isinstance(ov, Mapping):
             overrides = tuple(f"{key}={_yaml_value(v)}" for key, v in ov.items())
@@ -110,25 +108,49 @@ def load_pipeline(path: str | Path, run_dir: str | Path | None = None) -> Pipeli
     return Pipeline(name, root, tuple(stages), path)
 
 
+def _stage_recipe(path: Path, name: str, where: str) -> Path:
+    """A stage's recipe: relative to the pipeline file, else by name among the recipes (``./recipes``, the
+    shipped ones), so a pipeline file copied elsewhere still finds the shipped stage recipes."""
+    from rise_nemo.config.recipes import resolve_recipe
+
+    recipe = (path.parent / name).resolve()
+    if recipe.is_file():
+        return recipe
+    try:
+        return resolve_recipe(name).resolve()
+    except UserError:
+        raise UserError(f"{where}.recipe: file not found: {recipe} (nor a recipe named {name!r})") from None
+
+
 def _yaml_value(value: Any) -> str:
     return json.dumps(value) if isinstance(value, list | dict) else str(value)
 
 
 def stage_config(pipeline: Pipeline, stage: Stage, overrides: Sequence[str] = ()) -> Any:
     """The stage's validated recipe: its file, its overrides, the command line's, then its run directory and
-    its evaluation stream offset (``eval_stream_offset``)."""
-    from rise_nemo.config import load_config
+    its evaluation stream offset (``eval_stream_offset``). A bad override is a ``UserError`` naming the pipeline
+    file and the stage (and whose override it was)."""
+    from rise_nemo.config import ConfigError, load_config
+    from rise_nemo.config.loader import OVERRIDE_SOURCE
 
-    return load_config(stage.recipe, [*stage.overrides, *overrides, f"run.dir={pipeline.stage_dir(stage)}",
-                                      f"run.name={pipeline.name}-{stage.name}",
-                                      f"eval.stream_offset={eval_stream_offset(pipeline, stage, overrides)}"])
+    where = f"{pipeline.source}: stages[{pipeline.stages.index(stage)}] ({stage.name}, recipe {stage.recipe.name})"
+    try:
+        load_config(stage.recipe, stage.overrides)
+    except ConfigError as exc:
+        raise UserError(f"{where}: {str(exc).replace(OVERRIDE_SOURCE, 'override', 1)}") from None
+    try:
+        return load_config(stage.recipe, [*stage.overrides, *overrides, f"run.dir={pipeline.stage_dir(stage)}",
+                                          f"run.name={pipeline.name}-{stage.name}",
+                                          f"eval.stream_offset={eval_stream_offset(pipeline, stage, overrides)}"])
+    except ConfigError as exc:
+        raise UserError(f"{where}: {exc}") from None
 
 
 def eval_stream_offset(pipeline: Pipeline, stage: Stage, overrides: Sequence[str] = ()) -> int:
     """Where ``stage``'s steps continue the evaluation streams (``eval.stream_offset``): 0 for a stage that starts
     from its warm start; for ``init: previous``, the previous stage's offset + its ``train.steps`` (the step of
     the final checkpoint it starts from). Stage I's final evaluation and Stage II's step-0 evaluation of the same
-    weights then sample the same stream and agree exactly (issue 22 item 10); with the same ``run.seed``."""
+    weights then sample the same stream and agree exactly (with the same ``run.seed``)."""
     from rise_nemo.config import load_config
 
     offset = 0
@@ -214,13 +236,23 @@ def start_next_stage(policy: Any) -> None:
 
 def run_pipeline(pipeline: Pipeline, overrides: Sequence[str] = (), stop_after: int | None = None) -> int:
     """Run (or resume) every stage in order (module docstring). Returns 0, also after a stop signal."""
+    configs = [stage_config(pipeline, stage, overrides) for stage in pipeline.stages]  # all checked first
+    created = not pipeline.dir.exists()
+    pipeline.dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run_stages(pipeline, configs, stop_after)
+    except BaseException:
+        if created and pipeline.dir.is_dir() and not any(pipeline.dir.iterdir()):
+            pipeline.dir.rmdir()  # a refused pipeline leaves nothing behind
+        raise
+
+
+def _run_stages(pipeline: Pipeline, configs: Sequence[Any], stop_after: int | None) -> int:
     from rise_nemo.orchestration.run import build_trainer
 
-    pipeline.dir.mkdir(parents=True, exist_ok=True)
     previous: Path | None = None
     previous_cfg: Any = None
-    for stage in pipeline.stages:
-        cfg = stage_config(pipeline, stage, overrides)
+    for stage, cfg in zip(pipeline.stages, configs):
         run_dir = pipeline.stage_dir(stage)
         if stage.init == "previous" and previous_cfg is not None and cfg.eval.at_start:
             diff = eval_differences(previous_cfg, cfg)

@@ -10,7 +10,9 @@ level (``ReasoningProblem.difficulty``; ``None`` pools as level 0) we report
   token_entropy     mean of -log p(sampled token) under the sampling distribution (a sampled-token
                     estimate of the per-token entropy; exact for temperature 1 and top_p 1 in expectation)
 
-Responses the verifier cannot decide (``None``) are excluded from their problem's n and counted.
+Responses the verifier cannot decide (``None``) are excluded from their problem's n and counted. A problem
+left with fewer than k decided samples has no pass@k: it is left out of that level's pass@k mean and counted
+(``pass_at_k_excluded``, per k), and the printed table says so, instead of being dropped silently.
 """
 
 from __future__ import annotations
@@ -75,13 +77,15 @@ def evaluate_reasoning(
     for level in sorted(levels):
         lv = levels[level]
         ks = k_values(n)
-        pass_k = {}
+        pass_k, excluded = {}, {}
         for k in ks:
             vals = [pass_at_k(m, c, k) for m, c in zip(lv["n"], lv["correct"]) if m >= k]
             pass_k[str(k)] = sum(vals) / len(vals) if vals else None
+            excluded[str(k)] = len(lv["n"]) - len(vals)  # problems with fewer than k decided samples
         out_levels[str(level)] = {
             "problems": lv["problems"],
             "pass_at_k": pass_k,
+            "pass_at_k_excluded": excluded,
             "step_accuracy": lv["steps_ok"] / lv["steps"] if lv["steps"] else None,
             "response_length": lv["tokens"] / max(1, lv["responses"]),
             "token_entropy": lv["nll"] / lv["tokens"] if lv["tokens"] else None,
@@ -117,4 +121,8 @@ def format_reasoning_eval(result: dict[str, Any]) -> str:
         ent = "-" if lv["token_entropy"] is None else f"{lv['token_entropy']:.3f}"
         lines.append(f"{level:>5} {lv['problems']:>8} " + " ".join(f"{pct(lv['pass_at_k'][k]):>9}" for k in ks)
                      + f" {pct(lv['step_accuracy']):>9} {lv['response_length']:>7.1f} {ent:>8}")
+    left_out = [f"level {level} pass@{k}: {m} of {lv['problems']}" for level, lv in result["levels"].items()
+                for k, m in lv.get("pass_at_k_excluded", {}).items() if m]
+    if left_out:
+        lines.append("problems left out of pass@k (fewer than k samples the verifier decided): " + "; ".join(left_out))
     return "\n".join(lines)

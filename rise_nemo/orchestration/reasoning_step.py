@@ -288,6 +288,11 @@ def add_gae_columns(ctx: ReasoningContext, batch: dict[str, torch.Tensor], row_r
             "critic/value_mean": float(values[mask.bool()].mean()) if bool(mask.any()) else None}
 
 
+def _rise_only(key: str) -> bool:
+    """The shared policy loss (core.losses) also reports RISE's guidance term (eq. 11), which is always 0 here."""
+    return key == "loss/guide" or key.startswith("guide/")
+
+
 def reasoning_metrics(step, groups, rewards, valid, batch, train_metrics, times) -> dict[str, Any]:
     t_start, t_sample, t_train = times
     lengths = [len(r.response_token_ids) - r.given_token_count for g in groups for r in g]
@@ -302,7 +307,8 @@ def reasoning_metrics(step, groups, rewards, valid, batch, train_metrics, times)
         "loss/pg": None,
         "policy/entropy": None,
     }
-    metrics.update({k: _finite(float(v)) if v is not None else None for k, v in train_metrics.items()})
+    metrics.update({k: _finite(float(v)) if v is not None else None for k, v in train_metrics.items()
+                    if not _rise_only(k)})
     metrics["time/step_s"] = t_train - t_start
     metrics["time/sample_s"] = t_sample - t_start
     metrics["time/train_s"] = t_train - t_sample

@@ -21,9 +21,11 @@ from rise_nemo.orchestration.data import (
     check_tokenizer_covers,
     load_prompts_checked,
     reasoning_tools,
+    require_verifier_extras,
     warm_start_policy,
 )
 from rise_nemo.orchestration.rundir import RunDirLock, check_resume, check_run_dir_path
+from rise_nemo.orchestration.signals import interrupt_setup
 from rise_nemo.orchestration.trainer import Trainer, resolve_run_dir
 
 
@@ -56,15 +58,18 @@ def build_checked_judge(cfg: Any, probe: bool = True, reference: bool = False) -
     """``build_judge`` with its config errors as one-line ``UserError``s; HTTP judges are probed.
     ``reference``: ExpRL's reference judge (rise_nemo.judges.reference) from the same ``judge:`` block."""
     from rise_nemo.judges import build_judge
-    from rise_nemo.judges.client import JudgeError
     from rise_nemo.judges.reference import build_reference_judge
 
     judge_cfg = cfg.judge
     kind = judge_cfg.get("type") if isinstance(judge_cfg, Mapping) else None
-    if kind == "http":
+    judge_errors: tuple[type[Exception], ...] = (ValueError,)
+    if kind == "http":  # only the LLM judge needs the 'judge' extra (aiohttp): the rule judge runs without it
         require_extra("judge", "aiohttp", what="the LLM judge (judge.type: http)")
         if judge_cfg.get("ray_actor"):
             require_extra("judge", "ray", what="the judge's Ray actor (judge.ray_actor: true)")
+        from rise_nemo.judges.client import JudgeError
+
+        judge_errors += (JudgeError,)
     try:
         if kind == "http":  # validate the block and the key's variable, then probe, before any actor starts
             from rise_nemo.judges.http import HttpJudgeConfig
@@ -75,7 +80,7 @@ def build_checked_judge(cfg: Any, probe: bool = True, reference: bool = False) -
 
                 probe_judge_urls(judge_cfg)
         return build_reference_judge(judge_cfg) if reference else build_judge(judge_cfg)
-    except (ValueError, JudgeError) as exc:
+    except judge_errors as exc:
         if isinstance(exc, UserError):
             raise
         message = str(exc)
@@ -94,50 +99,52 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
         raise UserError(f"--stop-after must be >= 1, got {stop_after}")
     check_run_dir_path(run_dir)
     existed = run_dir.exists()
-    lock = RunDirLock(run_dir).acquire()
-    try:
-        changes = check_resume(run_dir, cfg, allow_config_change)
-        check_method(cfg)
-        method = get_method(str(cfg.method))
-        check_real_model(cfg)
-        train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
-        if method.name == "rrl":
-            from rise_nemo.orchestration.rrl import check_granularity
+    with interrupt_setup():  # a stop signal during set-up cleans up below instead of killing the process
+        lock = RunDirLock(run_dir).acquire()
+        try:
+            changes = check_resume(run_dir, cfg, allow_config_change)
+            check_method(cfg)
+            method = get_method(str(cfg.method))
+            require_verifier_extras(cfg)
+            check_real_model(cfg)
+            train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
+            if method.name == "rrl":
+                from rise_nemo.orchestration.rrl import check_granularity
 
-            check_granularity(cfg, train_prompts)
-        check_backend(cfg)
-        # Reasoning methods score with a verifier (ExpRL's also with a reference judge); the rubric methods need
-        # the rubric judge. Both are checked (and HTTP judges probed) before any model is built.
-        if method.family != "reasoning":
-            judge = build_checked_judge(cfg)
-        elif method.reward in ("reference_outcome", "reference_process"):
-            judge = build_checked_judge(cfg, reference=True)
-        else:
-            judge = None
-        from rise_nemo.backends import build_backend, build_critic
-
-        # The checkpoint the Trainer resumes from (Trainer.resume: the latest); the nemo backend is built from it.
-        latest = ckpt.latest_checkpoint(run_dir)
-        policy, generator = build_backend(cfg, checkpoint=latest, train_prompts=train_prompts)
-        check_tokenizer_covers(cfg, generator, train_prompts)
-        if latest is None:
-            if init_from is not None:
-                from rise_nemo.orchestration.pipeline import init_policy_from
-
-                init_policy_from(policy, Path(init_from))
+                check_granularity(cfg, train_prompts)
+            check_backend(cfg)
+            # Reasoning methods score with a verifier (ExpRL's also with a reference judge); the rubric methods need
+            # the rubric judge. Both are checked (and HTTP judges probed) before any model is built.
+            if method.family != "reasoning":
+                judge = build_checked_judge(cfg)
+            elif method.reward in ("reference_outcome", "reference_process"):
+                judge = build_checked_judge(cfg, reference=True)
             else:
-                warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
-        reasoning: dict[str, Any] = {}
-        if method.family == "reasoning":
-            verifier, step_accuracy = reasoning_tools(cfg)
-            # The critic copies the policy's body AFTER the warm start (a resume overwrites it from the checkpoint).
-            critic = build_critic(cfg, policy, checkpoint=latest) if method.critic else None
-            reasoning = {"critic": critic, "verifier": verifier, "step_accuracy": step_accuracy}
-    except BaseException:
-        lock.release()
-        if not existed and run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [".lock"]:
-            (run_dir / ".lock").unlink()
-            run_dir.rmdir()  # a refused run leaves nothing behind
-        raise
+                judge = None
+            from rise_nemo.backends import build_backend, build_critic
+
+            # The checkpoint the Trainer resumes from (Trainer.resume: the latest); the nemo backend is built from it.
+            latest = ckpt.latest_checkpoint(run_dir)
+            policy, generator = build_backend(cfg, checkpoint=latest, train_prompts=train_prompts)
+            check_tokenizer_covers(cfg, generator, train_prompts)
+            if latest is None:
+                if init_from is not None:
+                    from rise_nemo.orchestration.pipeline import init_policy_from
+
+                    init_policy_from(policy, Path(init_from))
+                else:
+                    warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
+            reasoning: dict[str, Any] = {}
+            if method.family == "reasoning":
+                verifier, step_accuracy = reasoning_tools(cfg)
+                # The critic copies the policy's body AFTER the warm start (a resume overwrites it from the checkpoint).
+                critic = build_critic(cfg, policy, checkpoint=latest) if method.critic else None
+                reasoning = {"critic": critic, "verifier": verifier, "step_accuracy": step_accuracy}
+        except BaseException:
+            lock.release()
+            if not existed and run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [".lock"]:
+                (run_dir / ".lock").unlink()
+                run_dir.rmdir()  # a refused or interrupted run leaves nothing behind
+            raise
     return Trainer(cfg, policy, generator, judge, train_prompts, eval_prompts, run_dir=run_dir,
                    stop_after=stop_after, lock=lock, config_changes=changes, **reasoning)

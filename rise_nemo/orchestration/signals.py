@@ -35,16 +35,58 @@ class StopFlag:
 
     def __enter__(self) -> StopFlag:
         STOP_REQUESTED.clear()  # a request belongs to one run (tests run several in one process)
-        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
-            for name in HANDLED:
-                sig = getattr(signal, name, None)
-                if sig is not None:
-                    self._previous[sig] = signal.signal(sig, self._handler)
+        self._previous = _install(self._handler)
         return self
 
     def __exit__(self, *exc) -> bool:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
+        _restore(self._previous)
         STOP_REQUESTED.clear()
+        return False
+
+
+def _install(handler) -> dict[int, object]:
+    """Set ``handler`` for every HANDLED signal (main thread only: elsewhere nothing); the previous handlers."""
+    previous: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+        for name in HANDLED:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
+def _restore(previous: dict[int, object]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    previous.clear()
+
+
+class SetupInterrupted(BaseException):
+    """A stop signal arrived before training started (model build, warm start): nothing to checkpoint yet.
+    A BaseException, like KeyboardInterrupt, so every ``finally`` / cleanup on the way out runs."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(f"stopped by {signal_name} before training started (model build or warm start): "
+                         "nothing was trained or checkpointed; run the same command again to start")
+        self.signal_name = signal_name
+
+
+class interrupt_setup:
+    """While entered (main thread only), SIGINT / SIGTERM / SIGUSR1 raise ``SetupInterrupted``: a run stopped
+    during its set-up removes what it created (its run directory's lock) instead of dying on the spot, and
+    exits 0 like a stop during training (a Slurm requeue then simply runs the command again)."""
+
+    def __init__(self) -> None:
+        self._previous: dict[int, object] = {}
+
+    @staticmethod
+    def _handler(signum, frame) -> None:
+        raise SetupInterrupted(signal.Signals(signum).name)
+
+    def __enter__(self) -> interrupt_setup:
+        self._previous = _install(self._handler)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        _restore(self._previous)
         return False

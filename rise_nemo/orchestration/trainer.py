@@ -66,6 +66,14 @@ PROGRESS_KEYS = (("reward/natural_mean", "r_nat"), ("reward/privileged_mean", "r
 REASONING_PROGRESS_KEYS = (("reward/mean", "r"), ("critic/explained_variance", "ev"), ("loss/pg", "pg"))
 
 
+def reasoning_progress_keys(method: Any) -> tuple[tuple[str, str], ...]:
+    """What the progress bar shows for a reasoning method: only what it logs (SFT: its NLL; no critic: no
+    explained variance), never a column that stays '-'."""
+    if method.reward == "sft":
+        return (("sft/nll", "nll"),)
+    return tuple(k for k in REASONING_PROGRESS_KEYS if method.critic or not k[0].startswith("critic/"))
+
+
 def resolve_run_dir(cfg: Any) -> Path:
     return Path(cfg.run.dir) if cfg.run.dir else Path("runs") / str(cfg.run.name)
 
@@ -122,7 +130,7 @@ class Trainer:
                                         rng=random.Random(int(cfg.run.seed)),
                                         samples_per_step=int(cfg.train.log_samples), reference_judge=judge,
                                         hooks=make_step_hooks(cfg, self.method.name, len(train_prompts)))
-            self._train_step, self._progress_keys = reasoning_train_step, REASONING_PROGRESS_KEYS
+            self._train_step, self._progress_keys = reasoning_train_step, reasoning_progress_keys(self.method)
         else:
             self.ctx = StepContext(
                 cfg=cfg, policy=policy, generator=generator, judge=judge, schedule=make_schedule(cfg),

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from rise_nemo.cache import cache_lock
 from rise_nemo.core.prompts import build_privileged_prompt
 from rise_nemo.core.rubric import RubricPrompt
 from rise_nemo.data.persistent_task import (
@@ -156,6 +157,12 @@ def warm_start(policy, generator, task: PersistentTask, cfg: Mapping | WarmStart
     """
     wcfg = cfg if isinstance(cfg, WarmStartConfig) else WarmStartConfig.from_mapping(cfg)
     cache = Path(cache_dir) / f"warm_{_cache_key(task, policy, wcfg)}" if cache_dir is not None else None
+    with cache_lock(cache):  # two commands started together build the entry once
+        return _warm_start(policy, generator, task, wcfg, cache, progress)
+
+
+def _warm_start(policy, generator, task: PersistentTask, wcfg: WarmStartConfig, cache: Path | None,
+                progress: bool) -> WarmStartStats:
     if cache is not None and (cache / "stats.json").exists():
         load_weights(policy, cache)
         stats = WarmStartStats(**{**json.loads((cache / "stats.json").read_text()), "cached": True,

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from rise_nemo.cache import cache_lock
 from rise_nemo.core.problem import ReasoningProblem
 
 TASK_VERSION = 2
@@ -379,8 +380,6 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
     "cache_path"}. Leaves a fresh optimiser at ``local.lr``. Needs the local backend's extras
     (``policy.engine``, ``generator.encode_response``).
     """
-    from rise_nemo.tasks.sft import load_weights, save_weights
-
     wcfg = cfg if isinstance(cfg, ReasoningWarmStartConfig) else ReasoningWarmStartConfig.from_mapping(cfg)
     if wcfg.noise_offset is not None and wcfg.noise_offset % task.cfg.modulus == 0:
         raise ReasoningTaskError(f"data.warm_start.noise_offset: {wcfg.noise_offset} is a multiple of the modulus "
@@ -388,6 +387,14 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
     base = {"task": task.warm_start_fingerprint(), "model": policy.engine.fingerprint()}
     root = Path(cache_dir) if cache_dir is not None else None
     cache = root / f"reasoning_{_digest({**base, 'warm_start': asdict(wcfg)})}" if root is not None else None
+    with cache_lock(cache):  # two commands started together build the entry once
+        return _warm_start_reasoning(policy, generator, task, wcfg, base, root, cache, progress)
+
+
+def _warm_start_reasoning(policy, generator, task: ChainTask, wcfg: ReasoningWarmStartConfig, base: dict,
+                          root: Path | None, cache: Path | None, progress: bool) -> dict:
+    from rise_nemo.tasks.sft import load_weights, save_weights
+
     if cache is not None and (cache / "stats.json").exists():
         load_weights(policy, cache)
         return {**json.loads((cache / "stats.json").read_text()), "cached": True, "cache_path": str(cache)}
@@ -398,16 +405,17 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
         # the clean phase has its own cache entry, shared by warm starts that differ only in the noisy phase
         phase_cache = (root / f"reasoning_clean_{_digest({**base, 'clean': wcfg.clean_spec()})}"
                        if root is not None and name == "clean" else None)
-        if phase_cache is not None and (phase_cache / "stats.json").exists():
-            load_weights(policy, phase_cache)
-            phase = json.loads((phase_cache / "stats.json").read_text())
-            stats["clean_cached"] = True
-        else:
-            rng = random.Random(f"chain-warm-{wcfg.seed}" + ("" if name == "clean" else f"-{name}"))
-            phase = _sft_phase(policy, generator, task, rng, name, steps, wcfg.batch_size, lr, noise,
-                               wcfg.noise_offset, progress)
-            if phase_cache is not None:
-                save_weights(policy, phase_cache, {**phase, "cache_path": ""})
+        with cache_lock(phase_cache):  # shared by other warm starts: locked on its own, inside the outer lock
+            if phase_cache is not None and (phase_cache / "stats.json").exists():
+                load_weights(policy, phase_cache)
+                phase = json.loads((phase_cache / "stats.json").read_text())
+                stats["clean_cached"] = True
+            else:
+                rng = random.Random(f"chain-warm-{wcfg.seed}" + ("" if name == "clean" else f"-{name}"))
+                phase = _sft_phase(policy, generator, task, rng, name, steps, wcfg.batch_size, lr, noise,
+                                   wcfg.noise_offset, progress)
+                if phase_cache is not None:
+                    save_weights(policy, phase_cache, {**phase, "cache_path": ""})
         stats["train_seconds"] += phase["train_seconds"]
         stats["final_loss"] = phase["final_loss"]
         if name == "clean":

@@ -205,6 +205,28 @@ def test_a_missing_data_file_names_the_variable_that_sets_it(tmp_path, tokenizer
     assert "data.train_path" in line and "data/train.jsonl" in line and "$RISE_TEST_TRAIN_DATA" in line
 
 
+def test_a_data_path_that_is_a_directory_says_so_naming_the_key_once(tmp_path, tokenizer_dir, capsys,
+                                                                     no_model_build):
+    """issue 22 item 13: a folder was reported as "file not found", and the key twice ("(set data.train_path)")."""
+    folder = tmp_path / "data_dir"
+    folder.mkdir()
+    recipe = _jsonl_recipe(tmp_path, tokenizer_dir, str(folder))
+    assert main(["train", "--config", str(recipe)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"'data.train_path': {folder} is a directory, not a data file" in line, line
+    assert line.count("data.train_path") == 1 and "not found" not in line
+    assert main(["train", "--config", str(recipe), f"data.train_path={tmp_path / 'nope.jsonl'}"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.count("data.train_path") == 1 and f"file not found: {tmp_path / 'nope.jsonl'}" in line, line
+
+
+def test_train_prints_the_absolute_run_directory_at_the_end(finished, tmp_path, capsys, monkeypatch):
+    recipe, _ = finished
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", str(recipe), "--run-dir", "rel_run", "train.steps=1", *FAST]) == 0
+    assert f"run directory: {tmp_path / 'rel_run'}\n" in capsys.readouterr().out
+
+
 JUDGE = ["judge.type=http", "++judge.base_urls=[http://127.0.0.1:9/v1]", "++judge.model=m", "++judge.ray_actor=false"]
 
 
@@ -325,3 +347,100 @@ def test_samples_jsonl_records_what_was_trained_on(finished):
             assert r["kind"] in (1, None) and (r["advantage"] is None or r["advantage"] > 0)  # eq. 8
         else:
             assert r["kind"] == 0 and isinstance(r["advantage"], float)
+
+
+# -- issue 22 items 3 / 4: a trainer's eval is never overwritten; outputs and NeMo-RL checked first --------
+
+def test_eval_with_overrides_never_replaces_the_trainers_eval(run_copy, capsys):
+    _, run_copy = run_copy
+    from rise_nemo.orchestration.report import load_run
+
+    trainer_eval = run_copy / "eval" / "step_000002.json"
+    before = trainer_eval.read_bytes()
+    for _ in range(2):
+        assert main(["eval", str(run_copy), "eval.samples_per_prompt=3"]) == 0
+    assert trainer_eval.read_bytes() == before
+    cli = sorted(p.name for p in (run_copy / "eval" / "cli").iterdir())
+    assert cli == ["step_000002.2.json", "step_000002.json"], cli
+    assert f"written: {run_copy / 'eval' / 'cli' / 'step_000002.2.json'}" in capsys.readouterr().out
+    smaller = json.loads((run_copy / "eval" / "cli" / "step_000002.json").read_text())
+    assert smaller["num_responses"] == 3 * smaller["num_prompts"]
+    # `report` keeps reading the trainer's evaluation (2 samples per prompt), not the later one with 3.
+    evals = load_run(run_copy).evals
+    assert [e["num_responses"] for e in evals] == [json.loads(before)["num_responses"]] == [2 * 3]
+
+
+def test_eval_refuses_an_out_that_is_a_folder_or_the_trainers_eval_before_any_work(run_copy, tmp_path, capsys,
+                                                                                    no_model_build):
+    _, run_copy = run_copy
+    folder = tmp_path / "results"
+    folder.mkdir()
+    assert main(["eval", str(run_copy), "--out", str(folder)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"--out {folder}: is a directory" in line, line
+    assert main(["eval", str(run_copy), "--out", str(run_copy / "eval" / "step_000002.json")]) == 2
+    assert "trainer's evaluation" in _one_line(capsys.readouterr().err)
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    assert main(["eval", str(run_copy), "--out", str(blocker / "e.json")]) == 2
+    assert f"{blocker} is a file" in _one_line(capsys.readouterr().err)
+    assert list(folder.iterdir()) == []
+
+
+def test_report_refuses_an_out_that_is_a_file_before_plotting(finished, tmp_path, capsys, monkeypatch):
+    _, finished = finished
+    import rise_nemo.orchestration.report as report
+
+    monkeypatch.setattr(report, "load_run", lambda p: pytest.fail("a run was read before --out was checked"))
+    existing = tmp_path / "report.md"
+    existing.write_text("mine")
+    assert main(["report", str(finished), "--out", str(existing)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert f"--out {existing}: is a file; give a folder" in line, line
+    assert existing.read_text() == "mine"
+
+
+def test_nemo_recipe_without_nemo_rl_is_one_line_naming_nemo_rl_dir(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nemo_rl", None)  # NeMo-RL not importable, as on any machine without it
+    monkeypatch.setenv("NEMO_RL_DIR", str(tmp_path / "nemo-rl"))
+    data = tmp_path / "math.jsonl"
+    data.write_text(json.dumps({"problem": "What is 1+1?", "solution": "\\boxed{2}"}) + "\n")
+    monkeypatch.setenv("RISE_TRAIN_DATA", str(data))
+    monkeypatch.setenv("RISE_EVAL_DATA", str(data))
+    run_dir = tmp_path / "run"
+    assert main(["train", "--config", "grpo_math_qwen3_4b", f"run.dir={run_dir}"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "needs NeMo-RL v0.7.0" in line and f"NEMO_RL_DIR={tmp_path / 'nemo-rl'}" in line, line
+    assert "pip install" in line and "rise-nemo plan" in line, line
+    assert not run_dir.exists()
+
+
+SIGNAL_CHILD = """
+import os, signal, sys, time
+import rise_nemo.orchestration.run as run
+from rise_nemo.cli import main
+
+def warm_start_interrupted(*args, **kwargs):  # the warm start is under way when the signal comes
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    raise SystemExit("the signal never arrived")
+
+run.warm_start_policy = warm_start_interrupted
+sys.exit(main(["train", "--config", sys.argv[2], "--run-dir", sys.argv[3]]))
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGUSR1"])
+def test_a_stop_signal_during_the_warm_start_leaves_no_run_directory(finished, tmp_path, sig):
+    """issue 22 item 13: SIGTERM (scancel, requeue) during the warm start left a run directory holding only .lock,
+    Ctrl-C a KeyboardInterrupt traceback. Now: one line, exit 0 (as a stop during training), nothing left."""
+    recipe, _ = finished
+    run_dir = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-c", SIGNAL_CHILD, sig, str(recipe), str(run_dir)], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    line = _one_line(res.stderr)
+    assert f"stopped by {sig} before training started" in line and "run the same command again" in line, line
+    assert not run_dir.exists()

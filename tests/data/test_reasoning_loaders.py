@@ -51,6 +51,17 @@ def test_gsm8k_final_answer_strips_annotations_and_separators():
         gsm8k_final_answer("no final line")
 
 
+@pytest.mark.parametrize("tail", ["seven", "1 2", "3/4", "18 dollars", "-"])
+def test_gsm8k_answer_that_is_not_a_number_is_refused_naming_the_line(tmp_path, tail):
+    """issue 22 item 13: `#### seven` was accepted as a reference answer no verifier could ever match."""
+    assert gsm8k_final_answer("x\n#### -12")[1] == "-12" and gsm8k_final_answer("x\n#### 2.5")[1] == "2.5"
+    path = tmp_path / "g.jsonl"
+    path.write_text(json.dumps({"question": "q", "answer": "ok\n#### 4"}) + "\n"
+                    + json.dumps({"question": "q", "answer": f"steps\n#### {tail}"}) + "\n")
+    with pytest.raises(RubricError, match=f"{path}:2.*answer.*must be a number"):
+        load_reasoning_problems(path, fmt="gsm8k")
+
+
 def test_gsm8k_fixture_all_rows():
     problems, skipped = load_reasoning_problems(FIXTURES / "gsm8k_test_first8.jsonl")
     raw = [json.loads(line) for line in (FIXTURES / "gsm8k_test_first8.jsonl").read_text().splitlines()]

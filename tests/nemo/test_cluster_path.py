@@ -307,7 +307,7 @@ def test_item3_eval_scores_the_opd_student_of_a_nemo_rl_checkpoint(tmp_path, mon
     assert main(args) == 0
     step = 3 if choice is None else int(choice)
     assert built == [run_dir / "nemo_rl_checkpoints" / f"step_{step}"]
-    result = json.loads((run_dir / "eval" / f"step_{step:06d}.json").read_text())
+    result = json.loads((run_dir / "eval" / "cli" / f"step_{step:06d}.json").read_text())  # never the trainer's
     assert result["step"] == step and result["num_prompts"] == 2
     assert f"step {step}: mean reward" in capsys.readouterr().out
 
@@ -336,7 +336,7 @@ def test_item3_eval_of_a_grpo_run_builds_the_policy_from_the_chosen_checkpoint(t
                         lambda cfg, checkpoint=None, train_prompts=None: fake(None, checkpoint))
     assert main(["eval", str(run_dir), "--checkpoint", "1"]) == 0
     assert built == [run_dir / "checkpoints" / "step_000001"]
-    assert (run_dir / "eval" / "step_000001.json").is_file()
+    assert (run_dir / "eval" / "cli" / "step_000001.json").is_file()
     trainer = build_trainer(cfg, run_dir=run_dir)  # what `rise-nemo train --run-dir RUN` builds
     try:
         assert built[-1] == run_dir / "checkpoints" / "step_000002"

@@ -64,6 +64,10 @@ def test_stage_two_starts_from_stage_one_final_weights_and_the_report_covers_bot
     assert json.loads((root / "pipeline.json").read_text())["stages"][1]["init"] == "previous"
     assert main(["report", str(root), "--out", str(root / "again")]) == 0  # a pipeline dir = its stages
     assert "stage2" in (root / "again" / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["eval", str(root), "eval.samples_per_prompt=1"]) == 0  # a pipeline dir = its last stage
+    assert f"evaluating its last stage, {s2}" in capsys.readouterr().err
+    assert (s2 / "eval" / "cli" / "step_000003.json").is_file()
 
 
 def test_eval_stream_offsets_follow_the_chain_of_init_previous(tmp_path):
@@ -117,6 +121,8 @@ def test_resume_in_either_stage_matches_the_uninterrupted_pipeline(pipeline_file
     parts = load_pipeline(pipeline_file, tmp_path / "parts")
     assert run_pipeline(parts, stop_after=1) == 0  # stops in stage 1 after its step 1
     assert not (tmp_path / "parts" / "stage2").exists()
+    with pytest.raises(UserError, match=r"not a run directory .*run directories in it: .*parts/stage1$"):
+        main_eval_unwrapped(tmp_path / "parts")
     assert run_pipeline(parts, stop_after=2) == 0  # finishes stage 1 (2 steps), stops stage 2 after step 2
     assert [m["step"] for m in read_metrics(tmp_path / "parts" / "stage2")] == [1, 2]
     assert run_pipeline(parts) == 0  # resumes stage 2 from its own checkpoint; stage 1 is skipped
@@ -152,3 +158,44 @@ def test_cli_reports_a_bad_pipeline_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("rise-nemo pipeline:") and "'stages' must be a non-empty list" in err and "\n" not in err
     assert main(["pipeline", str(tmp_path / "missing.yaml")]) == 2
+
+
+def main_eval_unwrapped(run_dir: Path) -> None:
+    """`rise-nemo eval RUN_DIR` without the CLI's error printing (the UserError itself)."""
+    import argparse
+
+    from rise_nemo.commands import evaluate
+
+    evaluate.run(argparse.Namespace(items=[str(run_dir)], config=None, checkpoint=None, out=None))
+
+
+# -- issue 22 item 13 -----------------------------------------------------------------------------------------
+
+def test_a_bad_stage_override_names_the_file_and_stage_and_leaves_no_directory(pipeline_file, capsys):
+    data = yaml.safe_load(pipeline_file.read_text())
+    data["stages"][1]["overrides"]["train.stepz"] = 3
+    pipeline_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    root = pipeline_file.parent / "runs"
+    assert main(["pipeline", str(pipeline_file)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{pipeline_file}: stages[1] (stage2, recipe stage2.yaml): override 'train.stepz=3'" in err, err
+    assert "\n" not in err and "command-line" not in err
+    assert not root.exists()  # checked before the pipeline directory (or stage 1) was created
+    data["stages"][1]["overrides"].pop("train.stepz")
+    pipeline_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["pipeline", str(pipeline_file), "--dir", str(root), "grpo.groupsize=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "stages[0] (stage1" in err and "command-line override 'grpo.groupsize=2'" in err, err
+    assert not root.exists()
+
+
+def test_a_pipeline_by_name_and_a_copied_pipeline_file_find_the_shipped_recipes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shipped = load_pipeline("exprl_pipeline_tiny_cpu")  # a name, as train and plan accept
+    assert shipped.source.name == "exprl_pipeline_tiny_cpu.yaml" and shipped.stages[0].recipe.is_file()
+    copy = tmp_path / "mine.yaml"
+    copy.write_text(shipped.source.read_text())
+    mine = load_pipeline(copy)
+    assert [s.recipe for s in mine.stages] == [s.recipe for s in shipped.stages]
+    with pytest.raises(UserError, match="pipeline 'nonesuch' not found"):
+        load_pipeline("nonesuch")

@@ -72,6 +72,8 @@ def test_resume_with_a_non_empty_buffer_is_exact(tmp_path):
                 "rrl/stabilised", "critic/value_loss", "critic/explained_variance", "policy/entropy",
                 "diversity/ppl_variance"):
         assert key in a[-1], key
+    rise_only = sorted({k for m in a for k in m if k == "loss/guide" or k.startswith("guide/")})
+    assert rise_only == [], rise_only  # issue 22 item 13: no RISE-only keys in RRL's metrics
 
 
 def test_replayed_state_tokens_get_zero_gradient_and_gae_starts_at_the_state(tmp_path):

@@ -215,3 +215,15 @@ def test_global_batch_larger_than_a_step_is_noted_not_refused():
     assert "note: nemo.policy.train_global_batch_size" in format_report(report)
     tree["nemo"]["policy"]["train_global_batch_size"] = 64
     assert plan_recipe(tree).notes == []
+
+
+def test_cli_errors_name_the_recipe_once(capsys):
+    """issue 22 item 13: `plan nonesuch` said "nonesuch: recipe 'nonesuch' not found"."""
+    from rise_nemo.cli import main
+
+    assert main(["plan", "nonesuch_recipe"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("nonesuch_recipe") == 1 and "not found" in err, err
+    assert main(["plan", "rise_14b", "grpo.groupsize=2"]) == 2  # a message without the recipe gets it in front
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rise-nemo plan: rise_14b: command-line override 'grpo.groupsize=2'"), err
