@@ -80,6 +80,7 @@ class HttpJudgeConfig:
     ray_actor: bool = False  # run inside a CPU-only Ray actor (rise_nemo.judges.ray_actor)
     ray_num_cpus: float = 0.5
     ray_timeout_s: float = 3600.0  # upper bound on one judge() call through the actor
+    ray_start_timeout_s: float = 300.0  # upper bound on the actor's start (a worker process on a busy node)
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any], where: str = "judge") -> HttpJudgeConfig:
@@ -124,7 +125,8 @@ class HttpJudgeConfig:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(key, "expected an integer >= 1")
-        for key in ("timeout_s", "backoff_base_s", "backoff_max_s", "retry_deadline_s", "ray_num_cpus", "ray_timeout_s"):
+        for key in ("timeout_s", "backoff_base_s", "backoff_max_s", "retry_deadline_s", "ray_num_cpus", "ray_timeout_s",
+                    "ray_start_timeout_s"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
                 raise bad(key, "expected a number >= 0")
@@ -403,5 +405,6 @@ def build_http_judge(cfg: Mapping[str, Any]):
             inner,
             num_cpus=config.ray_num_cpus,
             timeout_s=config.ray_timeout_s,
+            start_timeout_s=config.ray_start_timeout_s,
         )
     return HttpJudge(config)

@@ -66,7 +66,7 @@ class RayJudge:
         *,
         num_cpus: float = 0.5,
         timeout_s: float = 3600.0,
-        start_timeout_s: float = 120.0,
+        start_timeout_s: float = 300.0,
         init_ray: bool = False,
     ) -> None:
         import ray
