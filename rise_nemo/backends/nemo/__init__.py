@@ -72,11 +72,11 @@ def encode_chat(tokenizer: Any, messages: list[dict], chat_template_kwargs: Mapp
 def nemo_dataset(prompts, encode, min_size: int) -> list[dict[str, Any]]:
     """NeMo-RL datums for grpo.setup()'s dataloader (drop_last batches of prompts_per_step): repeated up to
     one full batch so a small prompt set still gives NeMo-RL a non-empty epoch."""
-    from rise_nemo.backends.nemo.environment import rubric_datum
+    from rise_nemo.backends.nemo.environment import prompt_datum
 
     if not prompts:
         raise NemoConfigError("recipe key data.train_path: no training prompts")
-    datums = [rubric_datum(p, encode, i) for i, p in enumerate(prompts)]
+    datums = [prompt_datum(p, encode, i) for i, p in enumerate(prompts)]
     while len(datums) < min_size:
         datums += datums[: min_size - len(datums)]
     return datums
