@@ -10,8 +10,8 @@
 - ``refit``: copies the policy's weights into the vLLM stand-in (``refit_policy_generation``'s job).
 - ``CpuValue``: NeMo-RL's ``Value`` (nemo_rl/models/value/lm_value.py): ``get_values`` returns ``{"values":
   [B, S]}`` shifted right by one (megatron_value_worker.py:829-833); ``train(data, loss_fn, gbs, mbs)``
-  shards like the policy and calls ``loss_fn(values [B, S], data=, global_valid_seqs=, global_valid_toks=)``
-  (megatron_value_worker.py:142-166), summing micro-batch losses; ``prepare_for_*`` / ``finish_*`` phases
+  shards like the policy and calls ``loss_fn(logits=values [B, S], data=, global_valid_seqs=, global_valid_toks=)``
+  as the packed path does (megatron_value_worker.py:149-151, 315; wrapper.py:136-141), summing micro-batch losses; ``prepare_for_*`` / ``finish_*`` phases
   and ``save_checkpoint(weights_path, optimizer_path, tokenizer_path)``.
 
 The model is a bigram LM over a word-level tokenizer: real gradients, real sampling, milliseconds.
@@ -254,7 +254,7 @@ class CpuValue:
         for rank in range(dp):
             for start in range(rank * per_rank, (rank + 1) * per_rank, mbs):
                 mb = {k: v[start: start + mbs] for k, v in data.items()}
-                loss, m = loss_fn(self._shifted(mb["input_ids"]), data=mb, global_valid_seqs=gvs,
+                loss, m = loss_fn(logits=self._shifted(mb["input_ids"]), data=mb, global_valid_seqs=gvs,
                                   global_valid_toks=gvt)
                 loss.backward()
                 total += float(loss.detach())

@@ -182,9 +182,13 @@ def test_critic_trains_to_lower_value_loss_and_sums_microbatches_exactly():
 def test_value_loss_wrapper_accepts_nemo_shapes():
     fn = ValueLossFunction(lambda v, d: ((v * d["token_mask"]).sum(), {"n": 1.0}))
     assert fn.input_type.value == "logit" and fn.loss_type.value == "token_level"
-    data = {"token_mask": torch.ones(2, 5)}
+    data = {"token_mask": torch.ones(2, 5), "sample_mask": torch.tensor([1.0, 0.0])}
     loss3, m = fn(torch.ones(2, 5, 1), data)  # [B, S, 1] before NeMo-RL squeezes it
     assert float(loss3) == 10.0 and m["loss"] == 10.0 and m["n"] == 1.0
+    # issue 21 defects 2 and 5: with sequence packing the value worker passes the values as ``logits=``
+    # (SequencePackingLossWrapper, wrapper.py:136-141), and NeMo-RL's workers read num_valid_samples
+    loss_kw, m_kw = fn(logits=torch.ones(2, 5), data=data, global_valid_seqs=None, global_valid_toks=None)
+    assert float(loss_kw) == 10.0 and m_kw["num_valid_samples"] == m["num_valid_samples"] == 2.0  # rows, as MseValueLossFn
     assert align_values(torch.ones(2, 3), 5).tolist() == [[1, 1, 1, 0, 0]] * 2
     assert align_values(torch.ones(2, 7), 5).shape == (2, 5)
 

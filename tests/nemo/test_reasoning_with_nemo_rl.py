@@ -78,10 +78,6 @@ def test_token_advantages_equal_clipped_pg_loss_with_bt_advantages():
 
     batch = _with_counts(_ppo_batch(b=4, t=12, given=2, seed=5))
     objective = functools.partial(rise_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28, lambda_guide=0.0))
-    try:
-        objective(torch.zeros(4, 12), batch)
-    except KeyError as exc:
-        pytest.skip(f"the core PG loss does not read token_advantages on this branch yet ({exc})")
     logits = torch.randn(4, 12, VOCAB, generator=torch.Generator().manual_seed(1), requires_grad=True)
     theirs = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28,
                                                  reference_policy_kl_penalty=0.0, token_level_loss=True))
@@ -192,3 +188,64 @@ def test_reasoning_recipes_pass_nemo_rl_master_config(name, tmp_path, monkeypatc
     from test_with_nemo_rl import test_recipes_pass_nemo_rl_master_config as check
 
     check(name, tmp_path, monkeypatch)
+
+
+def _packed(batch, lengths, seed=6):
+    """A packed value-head output [1, sum(lengths)] (one sequence after another, right-shifted as the Megatron
+    value worker's prepare_fn leaves it) and NeMo-RL's cu_seqlens for it."""
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    values = torch.randn(1, int(cu[-1]), generator=torch.Generator().manual_seed(seed), requires_grad=True)
+    return values, cu
+
+
+def test_issue21_value_loss_through_the_real_sequence_packing_wrapper():
+    """Issue 21 defect 2: with sequence packing (ppo_math_7b / rrl_math_7b turn it on, value_config copies it
+    to the critic) the Megatron value worker wraps the loss in NeMo-RL's SequencePackingLossWrapper
+    (megatron_value_worker.py:149-151), whose prepare_fn returns ``{"logits": values}`` (:315), and the wrapper
+    calls ``loss_fn(data=, global_valid_seqs=, global_valid_toks=, **loss_input)`` (wrapper.py:136-141). The
+    real wrapper runs here with NeMo-RL's real ``prepare_loss_input`` (its LOGIT branch returns the same
+    ``{"logits": ...}``; the worker's own prepare_fn cannot be imported without megatron-core). Before the fix
+    our value loss took ``next_token_logprobs`` and raised TypeError. It must equal MseValueLossFn through the
+    same wrapper, in value and gradient, and report num_valid_samples as NeMo-RL's losses do (defect 5)."""
+    from nemo_rl.algorithms.loss import SequencePackingLossWrapper, prepare_loss_input
+    from nemo_rl.algorithms.loss.loss_functions import MseValueLossConfig, MseValueLossFn
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    lengths = [10, 7, 9]
+    batch = _ppo_batch(b=3, t=10, seed=2)
+    batch["input_lengths"] = torch.tensor(lengths)
+    for i, n in enumerate(lengths):
+        batch["token_mask"][i, n:] = 0  # right padding
+    batch["sample_mask"] = torch.tensor([1.0, 0.0, 1.0])
+    gvt = (batch["token_mask"] * batch["sample_mask"][:, None]).sum()
+    batch[VALUE_COUNT_KEY] = torch.full((3,), float(gvt))
+    values, cu = _packed(batch, lengths)
+    results = []
+    for loss_fn in (ValueLossFunction(functools.partial(clipped_value_loss, clip=0.2)),
+                    MseValueLossFn(MseValueLossConfig(scale=1.0, cliprange=0.2))):
+        wrapper = SequencePackingLossWrapper(loss_fn=loss_fn, prepare_fn=prepare_loss_input, cu_seqlens_q=cu)
+        loss, metrics = wrapper(values, BatchedDataDict(dict(batch)), batch["sample_mask"].sum(), gvt)
+        results.append((loss, metrics, torch.autograd.grad(loss, values)[0]))
+    (ours, our_metrics, our_grad), (theirs, their_metrics, their_grad) = results
+    assert float(ours) == pytest.approx(float(theirs), rel=1e-6)
+    torch.testing.assert_close(our_grad, their_grad)
+    assert our_metrics["num_valid_samples"] == their_metrics["num_valid_samples"] == 3.0  # rows, not sample_mask
+
+
+def test_issue21_policy_loss_reports_num_valid_samples_like_clipped_pg_loss():
+    """Issue 21 defect 5: NeMo-RL's DTensor policy worker reads ``loss_metrics["num_valid_samples"]`` after every
+    micro-batch (dtensor_policy_worker.py:916; KeyError without it) and keeps the micro-batch's metrics only
+    when it is > 0 (:934). Through the real input preparation our adapter reports what ClippedPGLossFn does."""
+    from nemo_rl.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    batch = _with_counts(_ppo_batch(b=4, t=12, given=2, seed=5))
+    batch["sample_mask"] = torch.tensor([1.0, 1.0, 0.0, 1.0])
+    logits = torch.randn(4, 12, VOCAB, generator=torch.Generator().manual_seed(1))
+    objective = functools.partial(rise_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28, lambda_guide=0.0))
+    theirs = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28,
+                                                 reference_policy_kl_penalty=0.0, token_level_loss=True))
+    _, ours = _through_nemo(RiseLossFunction(objective), batch, logits)
+    _, their_metrics = _through_nemo(theirs, BatchedDataDict({**batch, "advantages": batch["token_advantages"],
+                                                              "generation_logprobs": batch["prev_logprobs"]}), logits)
+    assert ours["num_valid_samples"] == their_metrics["num_valid_samples"] == 3.0

@@ -76,6 +76,23 @@ class ValueLossFunction(RiseLossFunction):
     def align(model_output: torch.Tensor, width: int) -> torch.Tensor:
         return align_values(model_output, width)
 
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        data: Mapping[str, torch.Tensor],
+        global_valid_seqs: torch.Tensor | None = None,
+        global_valid_toks: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        # ``logits`` (the values) is MseValueLossFn's parameter name: the Megatron value worker passes it
+        # positionally without sequence packing and as ``logits=`` through SequencePackingLossWrapper with it
+        # (megatron_value_worker.py:149-151, 315; wrapper.py:136-141).
+        return self.evaluate(logits, data)
+
+    @staticmethod
+    def num_valid_samples(data: Mapping[str, torch.Tensor]) -> float:
+        """The micro-batch's row count, as MseValueLossFn reports it (loss_functions.py:1267)."""
+        return float(data["sample_mask"].shape[0])
+
 
 def attach_value_count(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The global normaliser of the value loss as a per-sample column (every row the same value)."""
