@@ -249,3 +249,34 @@ def test_issue21_policy_loss_reports_num_valid_samples_like_clipped_pg_loss():
     _, their_metrics = _through_nemo(theirs, BatchedDataDict({**batch, "advantages": batch["token_advantages"],
                                                               "generation_logprobs": batch["prev_logprobs"]}), logits)
     assert ours["num_valid_samples"] == their_metrics["num_valid_samples"] == 3.0
+
+
+@pytest.mark.parametrize("layout", ["megatron", "megatron_no_optimizer", "dtensor"])
+def test_issue21_critic_resumes_with_the_paths_nemo_rl_resumes_value_from(layout, monkeypatch, tmp_path):
+    """Issue 21 defect 3: the Megatron value worker keeps its optimizer (and LR schedule) inside ``weights/``
+    (megatron_value_worker.py:964-1010); NeMo-RL's resume rule checks ``weights/iter_0000000/common.pt``
+    (CheckpointManager.get_resume_paths(..., model_component="value"), checkpoint.py:150-193). build_value used
+    to look only for ``<critic>/optimizer`` and so restarted Adam and the warmup on every resume. The Value it
+    builds must get exactly the paths NeMo-RL's own rule gives for the same layout."""
+    import warnings
+
+    import nemo_rl.models.value.lm_value as lm_value
+    from nemo_rl.utils.checkpoint import CheckpointManager
+    from test_with_nemo_rl import _megatron_like_policy_dir
+
+    from rise_nemo.backends.nemo.critic import build_value
+
+    if layout == "dtensor":
+        (tmp_path / "value" / "weights").mkdir(parents=True)
+        (tmp_path / "value" / "optimizer").mkdir()
+    else:
+        _megatron_like_policy_dir(tmp_path, layout == "megatron", component="value")
+    cls = create_autospec(lm_value.Value)
+    monkeypatch.setattr(lm_value, "Value", cls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build_value("cluster", "tok", {"model_name": "m"}, tmp_path / "value")
+        theirs = CheckpointManager.get_resume_paths(tmp_path, model_component="value")
+    kwargs = cls.call_args.kwargs
+    assert (kwargs["weights_path"], kwargs["optimizer_path"]) == tuple(None if p is None else str(p) for p in theirs)
+    assert (kwargs["optimizer_path"] is None) == (layout == "megatron_no_optimizer")

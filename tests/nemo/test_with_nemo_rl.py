@@ -333,10 +333,11 @@ def test_distill_entry_point_drives_nemo_distillation(tmp_path, monkeypatch):
 # are in test_cluster_path.py).
 
 
-def _megatron_like_policy_dir(root: Path, with_optimizer: bool) -> Path:
-    """A policy checkpoint as the Megatron worker leaves it: optimizer state embedded in
-    weights/iter_0000000/common.pt, no optimizer directory (megatron_policy_worker.py:1704-1724)."""
-    common = root / "policy" / "weights" / "iter_0000000" / "common.pt"
+def _megatron_like_policy_dir(root: Path, with_optimizer: bool, component: str = "policy") -> Path:
+    """A policy (or value) checkpoint as the Megatron worker leaves it: optimizer state embedded in
+    weights/iter_0000000/common.pt, no optimizer directory (megatron_policy_worker.py:1704-1724; the value
+    worker saves the same way, megatron_value_worker.py:964-1010)."""
+    common = root / component / "weights" / "iter_0000000" / "common.pt"
     common.parent.mkdir(parents=True)
     torch.save({"iteration": 0, **({"optimizer": {"param_groups": []}} if with_optimizer else {})}, common)
     return root

@@ -182,10 +182,11 @@ def build_value(train_cluster: Any, tokenizer: Any, config: Mapping[str, Any], r
     (``finish_training``), and the policy is reloaded for the first refit (ppo.py:629-631)."""
     from nemo_rl.models.value.lm_value import Value
 
-    weights = optimizer = None
-    if resume_dir is not None:
-        weights = str(resume_dir / "weights")
-        optimizer = str(resume_dir / "optimizer") if (resume_dir / "optimizer").exists() else None
+    from rise_nemo.backends.nemo import resume_paths
+
+    # The policy's resume rule (NeMo-RL's get_resume_paths): a Megatron value worker keeps its optimizer and
+    # LR scheduler inside weights/ (megatron_value_worker.py:964-1010), a DTensor one in optimizer/.
+    weights, optimizer = resume_paths(resume_dir) if resume_dir is not None else (None, None)
     if policy is not None:
         policy.offload_after_refit()
     value = Value(cluster=train_cluster, config=dict(config), tokenizer=tokenizer, name_prefix="lm_value",
