@@ -37,7 +37,7 @@ def make(dp=2, mbs=2):
     policy = CpuMegatronPolicy(len(tok), dp, events)
     vllm = CpuVllm(len(tok), MAX_NEW, tok.pad_token_id, tok.eos_token_id, events)
     session = NemoSession(policy, vllm, tok, master_config(MAX_NEW, mbs), refit=make_refit(events), to_batched=dict)
-    value = CpuValue(len(tok), dp, events)
+    value = CpuValue(len(tok), dp, events, colocated_policy=policy)
     cfg = {"train_micro_batch_size": mbs, "logprob_batch_size": mbs, "make_sequence_length_divisible_by": 4}
     return session, NemoGenerator(session), NemoPolicy(session, False), NemoCritic(session, value, cfg), value, tok
 

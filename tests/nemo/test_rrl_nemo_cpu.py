@@ -50,7 +50,7 @@ def test_rrl_step_on_the_nemo_backend_pieces():
     vllm = RecordingVllm(len(tok), MAX_NEW, tok.pad_token_id, tok.eos_token_id, events)
     session = NemoSession(CpuMegatronPolicy(len(tok), 2, events), vllm, tok, master_config(MAX_NEW, 2),
                           refit=make_refit(events), to_batched=dict)
-    value = CpuValue(len(tok), 2, events)
+    value = CpuValue(len(tok), 2, events, colocated_policy=session.policy)
     critic = NemoCritic(session, value, {"train_micro_batch_size": 2, "logprob_batch_size": 2,
                                          "make_sequence_length_divisible_by": 4})
     cfg = config_from_dict(chain_recipe("rrl", group_size=2, max_new_tokens=MAX_NEW),
@@ -93,7 +93,7 @@ def test_critic_warmup_on_the_nemo_backend_pieces():
     session = NemoSession(CpuMegatronPolicy(len(tok), 2, events), CpuVllm(len(tok), MAX_NEW, tok.pad_token_id,
                                                                           tok.eos_token_id, events),
                           tok, master_config(MAX_NEW, 2), refit=make_refit(events), to_batched=dict)
-    value = CpuValue(len(tok), 2, events)
+    value = CpuValue(len(tok), 2, events, colocated_policy=session.policy)
     critic = NemoCritic(session, value, {"train_micro_batch_size": 2, "logprob_batch_size": 2,
                                          "make_sequence_length_divisible_by": 4})
     cfg = config_from_dict(chain_recipe("ppo", group_size=2, max_new_tokens=MAX_NEW),
@@ -112,3 +112,30 @@ def test_critic_warmup_on_the_nemo_backend_pieces():
     assert m2["critic/warmup"] == 0.0 and events.count("policy.train") == 1 and events.count("value.train") == 2
     reasoning_train_step(ctx, problems, 3)
     assert events.count("refit") == refits + 1
+
+
+def test_issue21_policy_is_offloaded_before_the_critic_loads():
+    """Issue 21 defect 4: a PPO step trained the policy and then the critic with the policy's weights, grads
+    and Adam state still resident; NeMo-RL's ppo.py has them off the GPUs whenever the value model is loaded
+    (ppo.py:1166-1208, 1255-1287). CpuValue asserts the policy stand-in holds nothing at every
+    prepare_for_inference/prepare_for_training; after the critic, the next step's refit reloads the weights
+    it streams and the policy trains with everything back on the GPUs (both asserted by the stand-in)."""
+    events: list[str] = []
+    tok = make_tokenizer()
+    session = NemoSession(CpuMegatronPolicy(len(tok), 2, events), CpuVllm(len(tok), MAX_NEW, tok.pad_token_id,
+                                                                          tok.eos_token_id, events),
+                          tok, master_config(MAX_NEW, 2), refit=make_refit(events), to_batched=dict)
+    value = CpuValue(len(tok), 2, events, colocated_policy=session.policy)
+    critic = NemoCritic(session, value, {"train_micro_batch_size": 2, "logprob_batch_size": 2,
+                                         "make_sequence_length_divisible_by": 4})
+    cfg = config_from_dict(chain_recipe("ppo", group_size=2, max_new_tokens=MAX_NEW),
+                           ["grpo.kl_coef=0", "grpo.temperature=1.0", "grpo.top_p=1.0"])
+    problems = [ReasoningProblem(f"q{i}", ({"role": "user", "content": f"describe the {topic}"},), REFERENCE, "x", 1)
+                for i, topic in enumerate(("river", "sun"))]
+    ctx = ReasoningContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
+                           method=get_method("ppo"), critic=critic, pad_id=tok.pad_token_id)
+    for step in (1, 2):
+        reasoning_train_step(ctx, problems, step)
+    assert events.count("policy.train") == 2 and events.count("value.train") == 2 and events.count("refit") == 2
+    train_at = [i for i, e in enumerate(events) if e == "value.prepare_for_training"]
+    assert all(events[i - 1] == "policy.offload_after_refit" for i in train_at)

@@ -215,3 +215,18 @@ def test_global_batch_larger_than_a_step_is_noted_not_refused():
     assert "note: nemo.policy.train_global_batch_size" in format_report(report)
     tree["nemo"]["policy"]["train_global_batch_size"] = 64
     assert plan_recipe(tree).notes == []
+
+
+def test_issue21_critic_phase_is_the_value_model_alone():
+    """Issue 21 defect 4: the nemo backend offloads the policy (weights, grads, optimizer) before the value model
+    loads, as NeMo-RL's ppo.py does (rise_nemo.backends.nemo.runtime.NemoSession.offload_policy), so the
+    planner's critic phase is the value model's training state plus vLLM asleep: no policy term."""
+    from rise_nemo.backends.nemo import plain_recipe
+    from rise_nemo.config.loader import load_config
+    from rise_nemo.planner import memory
+
+    report = plan_recipe(plain_recipe(load_config(REPO / "recipes" / "ppo_math_7b.yaml")))
+    critic = [t for t in report.terms if t.phase == "critic"]
+    assert critic and not [t for t in critic if "policy" in t.label], [t.label for t in critic]
+    assert [t.label for t in critic][-1] == "vLLM asleep (colocated)"
+    assert report.phase_total("critic") == pytest.approx(sum(t.gib for t in critic[:-1]) + memory.VLLM_ASLEEP_GIB)

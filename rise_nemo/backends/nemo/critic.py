@@ -124,7 +124,7 @@ class NemoCritic:
         return int(self.value.sharding_annotations.get_axis_size("data_parallel"))
 
     def get_values(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        self.session.close_generation()  # vLLM must sleep before a colocated model wakes
+        self.session.offload_policy()  # vLLM asleep and the policy off the GPUs before the value model wakes
         b, t = data["input_ids"].shape
         keys = {"input_ids": data["input_ids"], "input_lengths": data["input_lengths"]}
         padded, _ = pad_train_batch(keys, self.dp_size * self.logprob_batch, self.seq_multiple, self.pad_id)
@@ -136,7 +136,7 @@ class NemoCritic:
         return out[:b, :t].float().cpu()
 
     def train(self, data: Mapping[str, torch.Tensor], loss_fn: Objective) -> dict[str, float]:
-        self.session.close_generation()
+        self.session.offload_policy()  # the policy just trained: its weights, grads and Adam state leave first
         missing = [k for k in VALUE_REQUIRED_KEYS if k not in data]
         if missing:
             raise ValueError(f"critic training batch is missing key(s) {missing}")
@@ -159,7 +159,7 @@ class NemoCritic:
     # -- checkpoints: sharded Megatron weights + optimizer, like NemoPolicy (ppo.py:1558-1573)
     def save_checkpoint(self, path: str | Path) -> None:
         path = Path(path)
-        self.session.close_generation()
+        self.session.offload_policy()
         self.value.prepare_for_training()
         self.value.save_checkpoint(weights_path=str(path / "weights"), optimizer_path=str(path / "optimizer"),
                                    tokenizer_path=str(path / "tokenizer"))
