@@ -21,10 +21,12 @@ from unittest.mock import MagicMock, create_autospec
 import pytest
 import torch
 
-nemo_rl = pytest.importorskip("nemo_rl")
-pytestmark = pytest.mark.nemo
-
 sys.path.insert(0, str(Path(__file__).parent))
+
+from nemo_venv import import_nemo_rl  # noqa: E402
+
+nemo_rl = import_nemo_rl()
+pytestmark = pytest.mark.nemo
 
 from cpu_nemo import CpuValue, make_tokenizer  # noqa: E402
 from test_reasoning_nemo_cpu import _ppo_batch, clipped_value_loss  # noqa: E402

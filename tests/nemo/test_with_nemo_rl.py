@@ -25,10 +25,12 @@ from unittest.mock import MagicMock
 import pytest
 import torch
 
-nemo_rl = pytest.importorskip("nemo_rl")
-pytestmark = pytest.mark.nemo
-
 sys.path.insert(0, str(Path(__file__).parent))
+
+from nemo_venv import import_nemo_rl  # noqa: E402
+
+nemo_rl = import_nemo_rl()
+pytestmark = pytest.mark.nemo
 
 from cpu_nemo import Bigram, CpuVllm, make_prompts, make_tokenizer, write_jsonl  # noqa: E402
 
