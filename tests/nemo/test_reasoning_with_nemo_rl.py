@@ -113,12 +113,13 @@ def test_critic_calls_bind_to_the_real_value_api(tmp_path):
     value, cpu = _autospec_value(tok)
     session = NemoSession(None, None, tok, {"policy": {"generation": {"colocated": {"enabled": True}}}},
                           refit=lambda *a, **k: None)
-    critic = NemoCritic(session, value, {"train_micro_batch_size": 1, "make_sequence_length_divisible_by": 2})
+    critic = NemoCritic(session, value, {"train_micro_batch_size": 1, "make_sequence_length_divisible_by": 2,
+                                          "train_global_batch_size": 8})
     batch = _ppo_batch(b=3, t=10)
     values = critic.get_values(batch)
     assert values.shape == (3, 10) and torch.all(values[:, 0] == 0)
     metrics = critic.train(batch, functools.partial(clipped_value_loss, clip=0.2))
-    assert "critic/value_loss" in metrics and value.train.call_args.kwargs["gbs"] == 4
+    assert "critic/value_loss" in metrics and value.train.call_args.kwargs["gbs"] == 8
     critic.save_checkpoint(tmp_path / "critic")
     assert value.save_checkpoint.call_args.kwargs["weights_path"].endswith("critic/weights")
     assert [c[0] for c in value.method_calls][-3:] == ["prepare_for_training", "save_checkpoint", "finish_training"]

@@ -52,7 +52,7 @@ def test_rrl_step_on_the_nemo_backend_pieces():
                           refit=make_refit(events), to_batched=dict)
     value = CpuValue(len(tok), 2, events, colocated_policy=session.policy)
     critic = NemoCritic(session, value, {"train_micro_batch_size": 2, "logprob_batch_size": 2,
-                                         "make_sequence_length_divisible_by": 4})
+                                         "make_sequence_length_divisible_by": 4, "train_global_batch_size": 8})
     cfg = config_from_dict(chain_recipe("rrl", group_size=2, max_new_tokens=MAX_NEW),
                            ["grpo.kl_coef=0", "grpo.temperature=1.0", "grpo.top_p=1.0", "rrl.granularity=token", "rrl.beta=1.0", "rrl.steps_per_epoch=1",
                             "rrl.stabilise.max_steps=0", "rrl.state_sources=[canonical]", "train.log_samples=4"])
@@ -125,7 +125,7 @@ def ppo_on_stand_ins(*overrides: str):
                           tok, master_config(MAX_NEW, 2), refit=make_refit(events), to_batched=dict)
     value = CpuValue(len(tok), 2, events, colocated_policy=session.policy)
     critic = NemoCritic(session, value, {"train_micro_batch_size": 2, "logprob_batch_size": 2,
-                                         "make_sequence_length_divisible_by": 4})
+                                         "make_sequence_length_divisible_by": 4, "train_global_batch_size": 8})
     cfg = config_from_dict(chain_recipe("ppo", group_size=2, max_new_tokens=MAX_NEW),
                            ["grpo.kl_coef=0", "grpo.temperature=1.0", "grpo.top_p=1.0", *overrides])
     problems = [ReasoningProblem(f"q{i}", ({"role": "user", "content": f"describe the {topic}"},), REFERENCE, "x", 1)

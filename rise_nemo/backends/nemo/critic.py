@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from rise_nemo.backends.nemo.batch import pad_train_batch, sum_microbatch_metrics
+from rise_nemo.backends.nemo.batch import global_rows, pad_train_batch, sum_microbatch_metrics
 from rise_nemo.backends.nemo.config import value_config
 from rise_nemo.backends.nemo.loss import Objective, RiseLossFunction, _nemo_enums
 
@@ -116,6 +116,7 @@ class NemoCritic:
         self.micro_batch = int(config["train_micro_batch_size"])
         self.logprob_batch = int(config.get("logprob_batch_size") or self.micro_batch)
         self.seq_multiple = int(config.get("make_sequence_length_divisible_by") or 1)
+        self.global_batch = int(config["train_global_batch_size"])  # every train call: gbs = this (global_rows)
         self.pad_id = int(session.tokenizer.pad_token_id)
         self.resumed_from = resumed_from
 
@@ -144,10 +145,14 @@ class NemoCritic:
         batch["token_mask"] = batch["token_mask"].float()
         batch["sample_mask"] = batch["sample_mask"].float()
         batch = attach_value_count(batch)
-        train_data, rows = pad_train_batch(batch, self.dp_size * self.micro_batch, self.seq_multiple, self.pad_id)
+        row_multiple = global_rows(batch["input_ids"].shape[0], self.dp_size, self.micro_batch, self.global_batch,
+                                   "nemo.value", "the rows of one training step")
+        train_data, rows = pad_train_batch(batch, row_multiple, self.seq_multiple, self.pad_id)
         if rows < train_data["input_ids"].shape[0]:
             train_data[VALUE_COUNT_KEY][rows:] = train_data[VALUE_COUNT_KEY][0]  # padding rows: same global count
-        gbs = train_data["input_ids"].shape[0]  # the whole batch is ONE global batch: one optimiser step
+        # ONE global batch of exactly train_global_batch_size rows: one optimiser step and one LR-scheduler
+        # iteration per step, whatever the number of rows (global_rows)
+        gbs = train_data["input_ids"].shape[0]
         self.value.prepare_for_training()
         result = self.value.train(self.session.to_batched(train_data), ValueLossFunction(loss_fn),
                                   gbs=gbs, mbs=self.micro_batch)
