@@ -308,3 +308,9 @@ def make_policy_loss(cfg: ObjectiveConfig):
 def loss_needs_reference_logprobs(loss_fn) -> bool:
     """Whether a backend must put ``reference_policy_logprobs`` into the batch before calling ``loss_fn``."""
     return bool(getattr(loss_fn, "needs_reference_logprobs", False))
+
+
+def loss_needs_prev_logprobs(loss_fn) -> bool:
+    """Whether ``loss_fn`` reads ``prev_logprobs`` (every policy-gradient loss does; a loss that does not, such
+    as the SFT baseline's NLL, sets ``needs_prev_logprobs = False``)."""
+    return bool(getattr(loss_fn, "needs_prev_logprobs", True))

@@ -133,3 +133,25 @@ def ppo_on_stand_ins(*overrides: str):
     ctx = ReasoningContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
                            method=get_method("ppo"), critic=critic, pad_id=tok.pad_token_id)
     return events, session, ctx, problems
+
+
+def test_issue21_sft_step_on_the_nemo_backend_pieces():
+    """Issue 21 defect 7: the SFT baseline's step on the nemo backend sent no prev_logprobs (NemoPolicy.train
+    refused the batch), and padding rows carried global_tokens = 0, so a micro-batch of padding rows divided
+    0 by 0 in sft_loss (NaN gradients). Three problems, DP 2 x micro-batch 1, padded to
+    train_global_batch_size 32: 29 padding micro-batches; the step trains and every weight stays finite."""
+    events: list[str] = []
+    tok = make_tokenizer()
+    policy = CpuMegatronPolicy(len(tok), 2, events)
+    session = NemoSession(policy, CpuVllm(len(tok), MAX_NEW, tok.pad_token_id, tok.eos_token_id, events), tok,
+                          master_config(MAX_NEW, 1), refit=make_refit(events), to_batched=dict)
+    cfg = config_from_dict(chain_recipe("sft", group_size=2, max_new_tokens=MAX_NEW), ["grpo.kl_coef=0"])
+    problems = [ReasoningProblem(f"q{i}", ({"role": "user", "content": f"describe the {topic}"},), REFERENCE, "x", 1)
+                for i, topic in enumerate(("river", "sun", "moon"))]
+    ctx = ReasoningContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
+                           method=get_method("sft"), critic=None, pad_id=tok.pad_token_id)
+    before = policy.model.table.detach().clone()
+    metrics = reasoning_train_step(ctx, problems, 1)
+    assert policy.train_calls[0]["input_ids"].shape[0] == 32 and events.count("policy.get_logprobs") == 0
+    assert torch.isfinite(policy.model.table).all() and not torch.equal(policy.model.table, before)
+    assert metrics["sft/nll"] > 0 and torch.isfinite(torch.tensor(metrics["sft/nll"]))

@@ -170,6 +170,13 @@ def use_behaviour_logprobs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return out
 
 
+VALUE_COUNT_KEY = "value_token_count"  # the critic's: sum(token_mask * sample_mask) over the WHOLE global batch
+# Per-sample columns holding one global normaliser (every row the same value), padding rows included: a
+# micro-batch of padding rows then divides 0 by the global count, never 0 by 0 (the core objective's
+# counts, the SFT baseline's ``global_tokens`` (rise_nemo.tasks.sft), the value loss's count).
+GLOBAL_COLUMNS = ("natural_token_count", "guided_seq_count", "global_tokens", VALUE_COUNT_KEY)
+
+
 def pad_train_batch(
     batch: Mapping[str, torch.Tensor], row_multiple: int, seq_multiple: int, pad_id: int
 ) -> tuple[dict[str, torch.Tensor], int]:
@@ -191,7 +198,7 @@ def pad_train_batch(
         elif value.dim() == 1:
             padded = torch.zeros(rows, dtype=value.dtype)
             padded[:b] = value
-            if key in ("natural_token_count", "guided_seq_count") and b:
+            if key in GLOBAL_COLUMNS and b:
                 padded[b:] = value[0]  # global columns: every row holds the same value
             elif key == "input_lengths":
                 padded[b:] = 1

@@ -34,11 +34,15 @@ from typing import Any
 
 import torch
 
-from rise_nemo.backends.nemo.batch import global_rows, pad_train_batch, sum_microbatch_metrics
+from rise_nemo.backends.nemo.batch import (
+    VALUE_COUNT_KEY,
+    global_rows,
+    pad_train_batch,
+    sum_microbatch_metrics,
+)
 from rise_nemo.backends.nemo.config import value_config
 from rise_nemo.backends.nemo.loss import Objective, RiseLossFunction, _nemo_enums
 
-VALUE_COUNT_KEY = "value_token_count"  # [B]: sum(token_mask * sample_mask) over the WHOLE global batch
 VALUE_REQUIRED_KEYS = ("input_ids", "input_lengths", "token_mask", "sample_mask", "returns")
 
 
@@ -147,9 +151,7 @@ class NemoCritic:
         batch = attach_value_count(batch)
         row_multiple = global_rows(batch["input_ids"].shape[0], self.dp_size, self.micro_batch, self.global_batch,
                                    "nemo.value", "the rows of one training step")
-        train_data, rows = pad_train_batch(batch, row_multiple, self.seq_multiple, self.pad_id)
-        if rows < train_data["input_ids"].shape[0]:
-            train_data[VALUE_COUNT_KEY][rows:] = train_data[VALUE_COUNT_KEY][0]  # padding rows: same global count
+        train_data, _ = pad_train_batch(batch, row_multiple, self.seq_multiple, self.pad_id)
         # ONE global batch of exactly train_global_batch_size rows: one optimiser step and one LR-scheduler
         # iteration per step, whatever the number of rows (global_rows)
         gbs = train_data["input_ids"].shape[0]

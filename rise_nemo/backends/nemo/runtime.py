@@ -31,7 +31,7 @@ from rise_nemo.backends.nemo.batch import (
     to_nemo_train_batch,
 )
 from rise_nemo.backends.nemo.loss import RiseLossFunction
-from rise_nemo.core.losses import loss_needs_reference_logprobs
+from rise_nemo.core.losses import loss_needs_prev_logprobs, loss_needs_reference_logprobs
 from rise_nemo.interfaces import KIND_NATURAL, LossFn, Rollout, SamplingParams
 
 log = logging.getLogger("rise_nemo.backends.nemo")
@@ -223,6 +223,10 @@ class NemoPolicy:
         self.session.close_generation()
         check_train_batch(data)
         batch = dict(data)
+        if not loss_needs_prev_logprobs(loss_fn) and "prev_logprobs" not in batch:
+            # NeMo-RL's train data carries prev/generation log-probs for every loss; one that never reads them
+            # (the SFT baseline's NLL) gets zeros instead of a wasted log-prob pass
+            batch["prev_logprobs"] = torch.zeros_like(batch["token_mask"], dtype=torch.float32)
         if loss_needs_reference_logprobs(loss_fn) and "reference_policy_logprobs" not in batch:
             self.session.to_inference()
             batch["reference_policy_logprobs"] = self.reference_logprobs(batch)
