@@ -77,7 +77,10 @@ def _natural_batch(b=6, t=16, vocab=32, seed=0):
     return data
 
 
-def test_adapter_equals_clipped_pg_loss_through_nemo_input_preparation():
+@pytest.mark.parametrize("kl", [0.0, 0.001, 0.3])
+def test_adapter_equals_clipped_pg_loss_through_nemo_input_preparation(kl):
+    """KL 0 and k3 KL penalties (issue 21 defect 7: NeMo-RL's KL carries exp(logp - logp.detach()) and clamps;
+    at 0.3 some tokens hit the output clamp) through NeMo-RL's own input preparation, in value and gradient."""
     from nemo_rl.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
     from nemo_rl.algorithms.loss.interfaces import LossInputType, LossType
     from nemo_rl.algorithms.loss.wrapper import wrap_loss_fn_with_input_preparation
@@ -85,12 +88,14 @@ def test_adapter_equals_clipped_pg_loss_through_nemo_input_preparation():
 
     data = _natural_batch()
     vocab = 32
+    g = torch.Generator().manual_seed(7)
+    data["reference_policy_logprobs"] = -torch.rand(data["input_ids"].shape, generator=g) * 16 - 0.1
     logits = torch.randn(*data["input_ids"].shape, vocab, generator=torch.Generator().manual_seed(1), requires_grad=True)
     ours = RiseLossFunction(functools.partial(rise_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28,
-                                                                                   lambda_guide=0.0)))
+                                                                                   lambda_guide=0.0, kl_coef=kl)))
     assert ours.input_type is LossInputType.LOGPROB and ours.loss_type is LossType.TOKEN_LEVEL
     theirs = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28,
-                                                 reference_policy_kl_penalty=0.0, token_level_loss=True))
+                                                 reference_policy_kl_penalty=kl, token_level_loss=True))
     nemo_data = BatchedDataDict({**data, "advantages": data["advantages"][:, None].expand_as(data["token_mask"]).clone()})
     gvt = (data["token_mask"][:, 1:] * data["sample_mask"][:, None]).sum()
     gvs = data["sample_mask"].sum()
