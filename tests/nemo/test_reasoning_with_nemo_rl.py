@@ -283,3 +283,15 @@ def test_issue21_critic_resumes_with_the_paths_nemo_rl_resumes_value_from(layout
     kwargs = cls.call_args.kwargs
     assert (kwargs["weights_path"], kwargs["optimizer_path"]) == tuple(None if p is None else str(p) for p in theirs)
     assert (kwargs["optimizer_path"] is None) == (layout == "megatron_no_optimizer")
+
+
+def test_issue21_whiten_equals_nemo_rl_gae_normalisation():
+    """Our GAE advantage whitening is NeMo-RL's ``_reward_whiten`` (masked_var with Bessel's correction)."""
+    from nemo_rl.algorithms.advantage_estimator import GeneralizedAdvantageEstimator
+
+    from rise_nemo.core.value import whiten
+
+    g = torch.Generator().manual_seed(3)
+    x, mask = torch.randn(4, 9, generator=g), (torch.rand(4, 9, generator=g) > 0.4).float()
+    theirs = GeneralizedAdvantageEstimator._reward_whiten(None, x, mask) * mask
+    torch.testing.assert_close(whiten(x, mask), theirs, rtol=1e-5, atol=1e-6)
