@@ -633,3 +633,31 @@ def test_issue12_grpo_policy_built_from_the_checkpoint_it_is_given(tmp_path, mon
     assert policy_if.session.resumed_from == chosen / "policy"
     nemo_backend.build_backend(cfg, checkpoint=None, train_prompts=make_prompts(4))
     assert seen["factory"].args[1] is None  # the initial policy
+
+
+@pytest.mark.parametrize("v2", [None, False])
+def test_issue21_dtensor_recipe_names_the_v2_worker_it_inherits(v2, tmp_path, monkeypatch):
+    """Issue 21 defect 7: NeMo-RL's base config sets dtensor_cfg._v2: true, so a recipe that only turns DTensor
+    on gets the v2 worker, which needs nemo_automodel (absent in this venv and in many containers) and failed
+    inside a Ray worker. build_master_config now refuses it naming the key; ``_v2: false`` (the v1 worker,
+    the one that executes on CPU) passes NeMo-RL's MasterConfig."""
+    import importlib.util
+
+    from nemo_rl.algorithms import grpo
+
+    from rise_nemo.backends.nemo import plain_recipe
+    from rise_nemo.backends.nemo.config import NemoConfigError, build_master_config
+    from rise_nemo.config.loader import load_config
+
+    assert importlib.util.find_spec("nemo_automodel") is None  # what this test is about
+    monkeypatch.setenv("NEMO_RL_DIR", str(Path(nemo_rl.__file__).resolve().parents[1]))
+    overrides = ["nemo.policy.dtensor_cfg.enabled=true", "nemo.policy.megatron_cfg.enabled=false"]
+    if v2 is not None:
+        overrides.append(f"++nemo.policy.dtensor_cfg._v2={str(v2).lower()}")
+    recipe = plain_recipe(load_config(REPO / "recipes" / "grpo_math_qwen3_4b.yaml", overrides))
+    if v2 is None:
+        with pytest.raises(NemoConfigError, match=r"nemo\.policy\.dtensor_cfg\._v2: true .* needs nemo_automodel"):
+            build_master_config(recipe, str(tmp_path))
+    else:
+        master = grpo.MasterConfig(**build_master_config(recipe, str(tmp_path)))
+        assert master.policy["dtensor_cfg"]["enabled"] and master.policy["dtensor_cfg"]["_v2"] is False

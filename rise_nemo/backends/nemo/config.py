@@ -215,7 +215,26 @@ def build_master_config(recipe: Mapping[str, Any], run_dir: str) -> dict[str, An
     base_path = base_config_path(recipe)
     base = load_config(base_path) if base_path is not None else OmegaConf.create({})
     merged = OmegaConf.merge(base, OmegaConf.create(nemo_overrides(recipe, run_dir)))
-    return OmegaConf.to_container(merged, resolve=True)
+    master = OmegaConf.to_container(merged, resolve=True)
+    check_dtensor_worker(master)
+    return master
+
+
+def check_dtensor_worker(master: Mapping[str, Any]) -> None:
+    """A DTensor policy (or teacher) with ``dtensor_cfg._v2: true`` runs NeMo-RL's DTensor v2 worker, which
+    imports nemo_automodel (nemo_rl/models/policy/lm_policy.py:134-138). NeMo-RL's base config sets ``_v2:
+    true`` (examples/configs/grpo_math_1B.yaml), so a recipe that only turns DTensor on inherits it; where
+    nemo_automodel is not installed, say so here, naming the key, instead of failing inside a Ray worker."""
+    import importlib.util
+
+    for block in ("policy", "teacher"):
+        dtensor = (master.get(block) or {}).get("dtensor_cfg") or {}
+        if dtensor.get("enabled") and dtensor.get("_v2", False) and importlib.util.find_spec("nemo_automodel") is None:
+            raise NemoConfigError(
+                f"recipe key nemo.{block}.dtensor_cfg._v2: true (NeMo-RL's base config sets it) runs the DTensor v2 "
+                f"worker, which needs nemo_automodel (not installed); install it, or set "
+                f"nemo.{block}.dtensor_cfg._v2: false for the DTensor v1 worker"
+            )
 
 
 # Keys of NeMo-RL's ValueConfig (nemo_rl/models/value/config.py) taken from the policy's config: the critic
