@@ -5,6 +5,7 @@ are in test_with_nemo_rl.py."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -311,3 +312,25 @@ def test_nemo_dataset_of_a_reasoning_recipe(recipe, tmp_path, monkeypatch):
     assert [d["extra_env_info"]["ground_truth"] for d in data] == ["1", "2", "3", "1"]
     assert data[1]["message_log"][0]["token_ids"].tolist() == generator.encode_prompt(list(train[1].messages))
     assert not any("\\boxed" in json.dumps(d["extra_env_info"]) for d in data)
+
+
+def test_nemo_rl_is_found_through_nemo_rl_dir(tmp_path, monkeypatch):
+    """NeMo-RL comes from the environment or from $NEMO_RL_DIR: a checkout there goes on sys.path and on
+    PYTHONPATH (for the Ray workers) when nemo_rl is not importable otherwise."""
+    import importlib
+
+    from rise_nemo.backends.nemo.config import put_nemo_rl_on_path
+
+    if importlib.util.find_spec("nemo_rl") is not None:
+        pytest.skip("nemo_rl is importable here already")  # make test-nemo: real NeMo-RL on PYTHONPATH
+    (tmp_path / "nemo_rl").mkdir()
+    (tmp_path / "nemo_rl" / "__init__.py").write_text("MARK = 'checkout'\n")
+    monkeypatch.setenv("NEMO_RL_DIR", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    put_nemo_rl_on_path()
+    try:
+        assert importlib.import_module("nemo_rl").MARK == "checkout"
+        assert os.environ["PYTHONPATH"] == f"{tmp_path.resolve()}{os.pathsep}/elsewhere"
+    finally:
+        sys.modules.pop("nemo_rl", None)

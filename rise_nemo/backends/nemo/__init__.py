@@ -137,12 +137,15 @@ def build_critic(cfg: Any, policy: Any, *, checkpoint: str | Path | None = None)
 
 
 def _import_nemo_rl():
+    from rise_nemo.backends.nemo.config import put_nemo_rl_on_path
+
+    put_nemo_rl_on_path()
     try:
         from nemo_rl.algorithms import grpo
     except ImportError as exc:
         raise ImportError(
-            "backend: nemo needs NeMo-RL (run inside the NeMo-RL container, or put a NeMo-RL v0.7 checkout "
-            "on PYTHONPATH); `rise-nemo plan` checks a recipe without it"
+            "backend: nemo needs NeMo-RL (run inside the NeMo-RL container, or set NEMO_RL_DIR to a NeMo-RL "
+            f"v0.7.0 checkout with its dependencies installed: {exc}); `rise-nemo plan` checks a recipe without it"
         ) from exc
     return grpo
 

@@ -180,6 +180,23 @@ def nemo_rl_dir(recipe: Mapping[str, Any]) -> Path:
                     or DEFAULT_NEMO_RL_DIR))
 
 
+def put_nemo_rl_on_path() -> None:
+    """NeMo-RL comes from the environment (the NeMo-RL container) or from ``$NEMO_RL_DIR`` (a v0.7.0 source
+    checkout): when ``nemo_rl`` is not importable and ``$NEMO_RL_DIR/nemo_rl`` exists, that directory goes on
+    ``sys.path`` and on ``PYTHONPATH``, which the Ray workers NeMo-RL starts inherit."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("nemo_rl") is not None:
+        return
+    root = os.environ.get("NEMO_RL_DIR")
+    if not root or not (Path(root) / "nemo_rl").is_dir():
+        return
+    root = str(Path(root).resolve())
+    sys.path.insert(0, root)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+
+
 def base_config_path(recipe: Mapping[str, Any]) -> Path | None:
     base = get(recipe, "nemo.base", None)
     if not base:
@@ -208,6 +225,7 @@ def build_master_config(recipe: Mapping[str, Any], run_dir: str) -> dict[str, An
     Uses NeMo-RL's own loader (``defaults:`` inheritance, its ``${mul:...}`` resolvers), so it imports
     nemo_rl; call it only where NeMo-RL is installed.
     """
+    put_nemo_rl_on_path()
     from nemo_rl.utils.config import load_config, register_omegaconf_resolvers
     from omegaconf import OmegaConf
 
