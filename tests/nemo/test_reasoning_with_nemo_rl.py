@@ -107,11 +107,14 @@ def _autospec_value(tok, dp=2):
 
 
 def test_critic_calls_bind_to_the_real_value_api(tmp_path):
+    from nemo_rl.models.policy.lm_policy import Policy
+
     from rise_nemo.backends.nemo.runtime import NemoSession
 
     tok = make_tokenizer()
     value, cpu = _autospec_value(tok)
-    session = NemoSession(None, None, tok, {"policy": {"generation": {"colocated": {"enabled": True}}}},
+    policy = create_autospec(Policy, instance=True)  # the critic offloads it through NeMo-RL's own method
+    session = NemoSession(policy, None, tok, {"policy": {"generation": {"colocated": {"enabled": True}}}},
                           refit=lambda *a, **k: None)
     critic = NemoCritic(session, value, {"train_micro_batch_size": 1, "make_sequence_length_divisible_by": 2,
                                           "train_global_batch_size": 8})
@@ -123,6 +126,7 @@ def test_critic_calls_bind_to_the_real_value_api(tmp_path):
     critic.save_checkpoint(tmp_path / "critic")
     assert value.save_checkpoint.call_args.kwargs["weights_path"].endswith("critic/weights")
     assert [c[0] for c in value.method_calls][-3:] == ["prepare_for_training", "save_checkpoint", "finish_training"]
+    assert [c[0] for c in policy.method_calls] == ["offload_after_refit"] * 3  # before values, training, saving
 
 
 def test_value_config_from_the_ppo_recipe_is_a_full_value_config(tmp_path, monkeypatch):
