@@ -10,9 +10,11 @@ API, as ``nemo_rl.algorithms.ppo`` drives it:
   ``finish_inference`` (ppo.py:1166-1169);
 - ``train(data, loss_fn, gbs=, mbs=)`` shards rows over data-parallel ranks and micro-batches and calls the
   loss per micro-batch as ``loss_fn(values [B, S] (right-shifted), data=, global_valid_seqs=,
-  global_valid_toks=)`` (megatron_value_worker.py:142-166), summing the micro-batch losses
-  (:180-188); wrapped in ``prepare_for_training`` / ``finish_training``, which moves weights and optimizer
-  off the GPUs again (ppo.py:1257-1267);
+  global_valid_toks=)`` (megatron_value_worker.py:142-166; with sequence packing per sequence through
+  ``SequencePackingLossWrapper`` as ``loss_fn(logits=values, data=, ...)``, :149-151, 315), summing the
+  micro-batch losses (:180-188) and stepping its LR scheduler by ``gbs`` (:702-706); wrapped in
+  ``prepare_for_training`` / ``finish_training``, which moves weights and optimizer off the GPUs again
+  (ppo.py:1257-1267), and run while the policy is offloaded (``NemoSession.offload_policy``);
 - ``save_checkpoint(weights_path, optimizer_path, tokenizer_path)`` (lm_value.py:422), called between
   ``prepare_for_training`` and ``finish_training`` (ppo.py:1558-1573); weights and optimizer are loaded only
   when the ``Value`` is built (``weights_path`` / ``optimizer_path``, lm_value.py:44-53).
