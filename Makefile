@@ -62,3 +62,28 @@ $(VLLM_VENV)/.installed: $(CONSTRAINTS)
 
 test-vllm: install $(VLLM_VENV)/.installed
 	RISE_TEST_VLLM=1 RISE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -m vllm tests/judges/test_judge_vllm_smoke.py
+
+# Real NeMo-RL tests: every test that imports NeMo-RL's own code, from $NEMO_RL_DIR (a v0.7.0 source checkout or
+# the container's; .ci/run points it at the copy beside the checkout). The CPU venv (.venv-nemo) holds NeMo-RL's
+# pure-Python dependencies (.ci/requirements-nemo-rl-cpu.txt) and our package; NeMo-RL itself is never installed.
+# NeMo-RL v0.7.0 targets Python 3.13 and uses typing.TypedDict/NotRequired/Required features newer than 3.11's:
+# on an older Python a generated sitecustomize.py maps them to typing_extensions. The run FAILS if any test
+# skips (RISE_REQUIRE_NEMO_RL=1 turns a missing NeMo-RL into an error; the skip check catches the rest).
+NEMO_VENV ?= .venv-nemo
+NEMO_REQUIREMENTS := .ci/requirements-nemo-rl-cpu.txt
+NEMO_TESTS ?= tests/nemo
+.PHONY: test-nemo
+$(NEMO_VENV)/.installed: $(CONSTRAINTS) $(NEMO_REQUIREMENTS) pyproject.toml
+	test -x $(NEMO_VENV)/bin/python || $(PYTHON) -m venv $(NEMO_VENV)
+	$(NEMO_VENV)/bin/pip install -q --upgrade pip
+	$(NEMO_VENV)/bin/pip install -q -c $(CONSTRAINTS) torch==2.13.0
+	$(NEMO_VENV)/bin/pip install -q -c $(CONSTRAINTS) -r $(NEMO_REQUIREMENTS)
+	$(NEMO_VENV)/bin/pip install -q -c $(CONSTRAINTS) -e '.[local,judge,math,dev]'
+	$(NEMO_VENV)/bin/python tests/nemo/nemo_venv.py write-sitecustomize
+	touch $@
+
+test-nemo: $(NEMO_VENV)/.installed
+	@test -n "$$NEMO_RL_DIR" && test -d "$$NEMO_RL_DIR/nemo_rl" || \
+	  { echo "make test-nemo: set NEMO_RL_DIR to a NeMo-RL v0.7.0 checkout (the directory holding nemo_rl/)" >&2; exit 2; }
+	RISE_REQUIRE_NEMO_RL=1 PYTHONPATH="$$NEMO_RL_DIR$${PYTHONPATH:+:$$PYTHONPATH}" \
+	  $(NEMO_VENV)/bin/python -m pytest -q -m nemo -W ignore::DeprecationWarning $(NEMO_TESTS)

@@ -71,6 +71,20 @@ def run(args: argparse.Namespace) -> int:
         from rise_nemo.commands.plan import refuse_unplannable
 
         refuse_unplannable(cfg)  # a layout NeMo-RL cannot run is refused before anything starts
+    if cfg.backend != "nemo":
+        return _train(cfg, args, env_sources)
+    # The cluster path fails fast: any exception (a Ray worker's included) ends the process in bounded time
+    # with one line on stderr and Ray shut down (rise_nemo.backends.nemo.failfast).
+    from rise_nemo.backends.nemo.failfast import fail_fast
+    from rise_nemo.cli import _user_errors
+    from rise_nemo.orchestration.trainer import resolve_run_dir
+
+    run_dir = args.run_dir if args.run_dir is not None else resolve_run_dir(cfg)
+    with fail_fast("rise-nemo train", run_dir=lambda: run_dir, user_errors=_user_errors()):
+        return _train(cfg, args, env_sources)
+
+
+def _train(cfg, args: argparse.Namespace, env_sources: dict[str, str]) -> int:
     from rise_nemo.orchestration.run import build_trainer
 
     trainer = build_trainer(cfg, run_dir=args.run_dir, stop_after=args.stop_after,

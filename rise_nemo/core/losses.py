@@ -109,11 +109,27 @@ def clipped_pg_loss(
     return loss, clip_frac
 
 
-def kl_k3(logprobs: torch.Tensor, reference_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimator of KL(pi || pi_ref) (Schulman): exp(d) - d - 1 with d = ref_logp - logp.
-    Non-negative, unbiased under samples from pi. Returns [B, T] (mask it yourself)."""
+KL_INPUT_CLAMP, KL_OUTPUT_CLAMP = 20.0, 10.0  # NeMo-RL's kl_input_clamp_value / kl_output_clamp_value defaults
+
+
+def kl_k3(logprobs: torch.Tensor, reference_logprobs: torch.Tensor, input_clamp: float | None = KL_INPUT_CLAMP,
+          output_clamp: float | None = KL_OUTPUT_CLAMP) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi || pi_ref) (Schulman 2020): w * (exp(d) - d - 1), d = ref_logp - logp.
+
+    As NeMo-RL's ClippedPGLossFn computes it (nemo_rl/algorithms/loss/loss_functions.py:418-438 and
+    algorithms/utils.py:41-100, v0.7.0): ``w = exp(logp - logp.detach())`` has value 1 and adds the
+    score-function gradient through the sampling probability (the samples come from the optimised policy,
+    arXiv:2506.09477), so the per-token gradient is ``logp - ref_logp`` instead of ``1 - exp(d)``; ``d`` is
+    clamped to +-``input_clamp`` (where it is, ``w`` is detached and the token gets no gradient) and the result
+    to +-``output_clamp``. Value: non-negative, unbiased under samples from pi. Returns [B, T] (mask it)."""
     d = reference_logprobs.detach() - logprobs
-    return d.exp() - d - 1.0
+    w = torch.nan_to_num(torch.exp(logprobs - logprobs.detach()), nan=0.0, posinf=0.0, neginf=0.0)
+    if input_clamp is not None:
+        clamped = d.clamp(-input_clamp, input_clamp)
+        w = torch.where(d == clamped, w, w.detach())
+        d = clamped
+    kl = w * (d.exp() - d - 1.0)
+    return kl.clamp(-output_clamp, output_clamp) if output_clamp is not None else kl
 
 
 def entropy_bonus(logprobs: torch.Tensor) -> torch.Tensor:
@@ -308,3 +324,9 @@ def make_policy_loss(cfg: ObjectiveConfig):
 def loss_needs_reference_logprobs(loss_fn) -> bool:
     """Whether a backend must put ``reference_policy_logprobs`` into the batch before calling ``loss_fn``."""
     return bool(getattr(loss_fn, "needs_reference_logprobs", False))
+
+
+def loss_needs_prev_logprobs(loss_fn) -> bool:
+    """Whether ``loss_fn`` reads ``prev_logprobs`` (every policy-gradient loss does; a loss that does not, such
+    as the SFT baseline's NLL, sets ``needs_prev_logprobs = False``)."""
+    return bool(getattr(loss_fn, "needs_prev_logprobs", True))

@@ -143,12 +143,15 @@ def make_value_loss(clip: float | None = 0.2):
 
 
 def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) over the masked positions, 0 elsewhere (NeMo-RL's
-    ``normalize_advantages``: population variance over the batch's action tokens)."""
+    """(x - mean) / sqrt(var + eps) over the masked positions, 0 elsewhere, as NeMo-RL's GAE
+    ``normalize_advantages`` does it (``_reward_whiten``, nemo_rl/algorithms/advantage_estimator.py:308-321):
+    ``masked_var`` with Bessel's correction, n / (n - 1) (algorithms/utils.py:259-273), over the batch's
+    action tokens. One masked token: x - mean = 0, so 0 (NeMo-RL would divide 0 by 0 there)."""
     mk = mask.bool()
     if not bool(mk.any()):
         return torch.zeros_like(x)
     vals = x[mk].double()
-    mean, var = vals.mean(), vals.var(unbiased=False)
+    mean = vals.mean()
+    var = vals.var(unbiased=True) if vals.numel() > 1 else vals.new_zeros(())
     out = ((x.double() - mean) * torch.rsqrt(var + eps)).to(x.dtype)
     return torch.where(mk, out, torch.zeros_like(out))

@@ -119,15 +119,13 @@ def training_terms(tree: Mapping[str, Any], layout: PolicyLayout, prefix: str = 
     ]
 
 
-def critic_terms(value_tree: Mapping[str, Any], critic: PolicyLayout, policy: PolicyLayout) -> list[Term]:
+def critic_terms(value_tree: Mapping[str, Any], critic: PolicyLayout) -> list[Term]:
     """The value model's training phase (PPO): a second full model with its own grads and optimizer shard,
-    trained while the policy's weights and grad buffer stay resident (NeMo-RL's ppo.py offloads the value
-    model with ``finish_training`` after its step, not the policy) and vLLM sleeps. ``value_tree`` holds
-    the critic's full config under ``nemo.value`` (``backends.nemo.config.value_config``)."""
-    terms = training_terms(value_tree, critic, "nemo.value", phase="critic", who="critic", outputs=1)
-    resident = stage_params(policy.model, policy.pp) / policy.tp * (2.0 + 2.0)
-    terms.append(Term("critic", "policy weights + grad buffer (resident)", resident / GIB))
-    return terms
+    trained while vLLM sleeps and with the policy's weights, grads and optimizer off the GPUs: the nemo
+    backend offloads the policy before the value model loads (``NemoSession.offload_policy``), as NeMo-RL's
+    ppo.py has it offloaded then (``finish_inference``, ppo.py:1204; value training first, :1255-1287).
+    ``value_tree`` holds the critic's full config under ``nemo.value`` (``backends.nemo.config.value_config``)."""
+    return training_terms(value_tree, critic, "nemo.value", phase="critic", who="critic", outputs=1)
 
 
 def vllm_pool_terms(gen: GenerationLayout, model: ModelShape, gpu_mem_gib: float, phase: str) -> tuple[list[Term], float]:

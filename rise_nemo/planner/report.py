@@ -86,7 +86,7 @@ def plan_recipe(
     if layout.teacher is not None:
         report.terms += memory.teacher_terms(tree, layout.teacher, layout.policy)
     if layout.critic is not None:
-        report.terms += memory.critic_terms(layout.value_tree, layout.critic, layout.policy)
+        report.terms += memory.critic_terms(layout.value_tree, layout.critic)
         if gen is not None and gen.colocated:
             report.terms.append(memory.Term("critic", "vLLM asleep (colocated)", memory.VLLM_ASLEEP_GIB))
     if layout.judge is not None:

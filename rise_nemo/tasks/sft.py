@@ -50,6 +50,9 @@ def sft_loss(logprobs: torch.Tensor, data: Mapping[str, torch.Tensor]) -> tuple[
     return loss, {"sft/nll": float(loss.detach())}
 
 
+sft_loss.needs_prev_logprobs = False  # rise_nemo.core.losses.loss_needs_prev_logprobs
+
+
 def sft_phase(policy, generator, steps: int, lr: float, next_examples: Callable[[], list[Example]], desc: str,
               progress: bool) -> tuple[float, float]:
     """``steps`` SFT steps of the local policy from a fresh optimiser, the lr decaying linearly from ``lr`` to

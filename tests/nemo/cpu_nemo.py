@@ -10,8 +10,8 @@
 - ``refit``: copies the policy's weights into the vLLM stand-in (``refit_policy_generation``'s job).
 - ``CpuValue``: NeMo-RL's ``Value`` (nemo_rl/models/value/lm_value.py): ``get_values`` returns ``{"values":
   [B, S]}`` shifted right by one (megatron_value_worker.py:829-833); ``train(data, loss_fn, gbs, mbs)``
-  shards like the policy and calls ``loss_fn(values [B, S], data=, global_valid_seqs=, global_valid_toks=)``
-  (megatron_value_worker.py:142-166), summing micro-batch losses; ``prepare_for_*`` / ``finish_*`` phases
+  shards like the policy and calls ``loss_fn(logits=values [B, S], data=, global_valid_seqs=, global_valid_toks=)``
+  as the packed path does (megatron_value_worker.py:149-151, 315; wrapper.py:136-141), summing micro-batch losses; ``prepare_for_*`` / ``finish_*`` phases
   and ``save_checkpoint(weights_path, optimizer_path, tokenizer_path)``.
 
 The model is a bigram LM over a word-level tokenizer: real gradients, real sampling, milliseconds.
@@ -84,22 +84,42 @@ class _Axes:
         return self.dp
 
 
+TRAINING_STATE = frozenset({"params", "grads", "optimizer"})
+
+
 class CpuMegatronPolicy:
+    """``resident``: which of the policy's params / grads / optimizer state NeMo-RL's Megatron worker would hold
+    on the GPUs after each phase call (megatron_policy_worker.py:1411-1460 and 1487-1592, with
+    ``offload_optimizer_for_logprob`` off, as in NeMo-RL's base configs): the log-prob pass, training and the
+    refit assert what they need, and the value stand-in asserts the policy holds nothing (PPO's order)."""
+
     def __init__(self, vocab: int, dp: int, events: list, lr: float = 0.5):
         self.model = Bigram(vocab)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=lr)
         self.sharding_annotations = _Axes(dp)
         self.events = events
         self.train_calls: list[dict] = []
+        self.resident = set(TRAINING_STATE)  # Megatron builds the model and optimizer on the GPUs
 
-    def prepare_for_lp_inference(self):
+    def prepare_for_lp_inference(self):  # :1411-1431: params on, grad buffers off
         self.events.append("policy.prepare_for_lp_inference")
+        self.resident = (self.resident | {"params"}) - {"grads"}
 
-    def prepare_for_training(self):
+    def prepare_for_training(self):  # :1433-1450: everything on
         self.events.append("policy.prepare_for_training")
+        self.resident = set(TRAINING_STATE)
 
-    def offload_after_refit(self):
+    def finish_inference(self):  # :1452-1460: params off
+        self.events.append("policy.finish_inference")
+        self.resident.discard("params")
+
+    def offload_before_refit(self):  # :1487-1577: grad buffers and optimizer off
+        self.events.append("policy.offload_before_refit")
+        self.resident -= {"grads", "optimizer"}
+
+    def offload_after_refit(self):  # :1578-1592: everything off
         self.events.append("policy.offload_after_refit")
+        self.resident = set()
 
     def _aligned(self, input_ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -108,6 +128,7 @@ class CpuMegatronPolicy:
 
     def get_logprobs(self, data):
         self.events.append("policy.get_logprobs")
+        assert "params" in self.resident, "get_logprobs with the policy's weights off the GPUs"
         rows = data["input_ids"].shape[0]
         assert rows % self.sharding_annotations.dp == 0, "NeMo-RL shards rows evenly over DP"
         return {"logprobs": self._aligned(data["input_ids"])}
@@ -118,6 +139,7 @@ class CpuMegatronPolicy:
 
     def train(self, data, loss_fn, gbs=None, mbs=None):
         self.events.append("policy.train")
+        assert self.resident == TRAINING_STATE, f"policy.train with only {sorted(self.resident)} on the GPUs"
         assert loss_fn.input_type.value == "logprob" and loss_fn.loss_type.value == "token_level"
         rows, dp = data["input_ids"].shape[0], self.sharding_annotations.dp
         assert gbs == rows and rows % (dp * mbs) == 0, (rows, gbs, dp, mbs)
@@ -202,8 +224,9 @@ class CpuVllm:
 class CpuValue:
     """A per-token value head over a bigram-style embedding: V_raw[t] = w[input_ids[t]] + b, right-shifted."""
 
-    def __init__(self, vocab: int, dp: int, events: list, lr: float = 0.5, seed: int = 0):
+    def __init__(self, vocab: int, dp: int, events: list, lr: float = 0.5, seed: int = 0, colocated_policy=None):
         g = torch.Generator().manual_seed(seed)
+        self.colocated_policy = colocated_policy  # a CpuMegatronPolicy on the same GPUs (must be offloaded)
         self.model = torch.nn.Embedding(vocab, 1)
         with torch.no_grad():
             self.model.weight.copy_(torch.randn(vocab, 1, generator=g) * 0.1)
@@ -217,8 +240,14 @@ class CpuValue:
         raw = self.model(input_ids).squeeze(-1)  # [B, S]: value after reading token t
         return torch.cat([torch.zeros_like(raw[:, :1]), raw[:, :-1]], dim=1)  # value of the state before t
 
+    def _check_policy_offloaded(self):
+        if self.colocated_policy is not None:
+            assert not self.colocated_policy.resident, (
+                f"the value model loads while the policy holds {sorted(self.colocated_policy.resident)} on the GPUs")
+
     def prepare_for_inference(self):
         self.events.append("value.prepare_for_inference")
+        self._check_policy_offloaded()
         self.on_gpu = True
 
     def finish_inference(self):
@@ -227,6 +256,7 @@ class CpuValue:
 
     def prepare_for_training(self):
         self.events.append("value.prepare_for_training")
+        self._check_policy_offloaded()
         self.on_gpu = True
 
     def finish_training(self):
@@ -254,7 +284,7 @@ class CpuValue:
         for rank in range(dp):
             for start in range(rank * per_rank, (rank + 1) * per_rank, mbs):
                 mb = {k: v[start: start + mbs] for k, v in data.items()}
-                loss, m = loss_fn(self._shifted(mb["input_ids"]), data=mb, global_valid_seqs=gvs,
+                loss, m = loss_fn(logits=self._shifted(mb["input_ids"]), data=mb, global_valid_seqs=gvs,
                                   global_valid_toks=gvt)
                 loss.backward()
                 total += float(loss.detach())
@@ -280,8 +310,10 @@ class CpuValue:
 def make_refit(events: list):
     def refit(policy, generation, colocated, _refit_buffer_size_gb=None, **_):
         events.append("refit")
+        # grpo.refit_policy_generation streams the weights from the GPUs (colocated ZMQ/IPC)
+        assert "params" in policy.resident, "refit with the policy's weights off the GPUs"
         if colocated:
-            policy.events.append("policy.offload_before_refit")
+            policy.offload_before_refit()
         generation.model.load_state_dict(copy.deepcopy(policy.model.state_dict()))
         generation.prepare_for_generation()
 

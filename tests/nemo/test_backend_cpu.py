@@ -5,6 +5,7 @@ are in test_with_nemo_rl.py."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -286,3 +287,50 @@ def test_nemo_dataset_is_padded_to_one_batch_and_carries_the_rubric():
     assert data[0]["message_log"][0]["token_ids"].tolist() == generator.encode_prompt(list(prompts[0].messages))
     assert rubric_from_metadata(data[1]["extra_env_info"]) == prompts[1].rubric
     assert data[2]["extra_env_info"]["conversation"] == [dict(m) for m in prompts[2].messages]
+
+
+@pytest.mark.parametrize("recipe", ["ppo_math_7b", "rrl_math_7b", "grpo_math_qwen3_4b"])
+def test_nemo_dataset_of_a_reasoning_recipe(recipe, tmp_path, monkeypatch):
+    """Issue 21 defect 1: every reasoning recipe's training set (ReasoningProblem, no rubric) crashed
+    build_backend -> nemo_dataset with AttributeError 'rubric'. Loaded here the way `rise-nemo train` loads
+    it (the recipe itself, its data loader); each datum carries the answer for NeMo-RL's math environment and
+    never the hidden reference solution."""
+    from rise_nemo.backends.nemo import nemo_dataset
+    from rise_nemo.config import load_config
+    from rise_nemo.orchestration.data import load_prompts
+
+    rows = [{"problem": f"What is {i} + 1?", "solution": f"{i} + 1 = \\boxed{{{i + 1}}}", "level": "Level 1"}
+            for i in range(3)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setenv("RISE_TRAIN_DATA", str(tmp_path / "train.jsonl"))
+    monkeypatch.setenv("RISE_EVAL_DATA", str(tmp_path / "train.jsonl"))
+    cfg = load_config(Path(__file__).parents[2] / "recipes" / f"{recipe}.yaml")
+    train, _ = load_prompts(cfg)
+    _, generator, *_ = make_backend()
+    data = nemo_dataset(train, generator.encode_prompt, min_size=4)
+    assert len(data) == 4 and [d["task_name"] for d in data] == ["math"] * 4
+    assert [d["extra_env_info"]["ground_truth"] for d in data] == ["1", "2", "3", "1"]
+    assert data[1]["message_log"][0]["token_ids"].tolist() == generator.encode_prompt(list(train[1].messages))
+    assert not any("\\boxed" in json.dumps(d["extra_env_info"]) for d in data)
+
+
+def test_nemo_rl_is_found_through_nemo_rl_dir(tmp_path, monkeypatch):
+    """NeMo-RL comes from the environment or from $NEMO_RL_DIR: a checkout there goes on sys.path and on
+    PYTHONPATH (for the Ray workers) when nemo_rl is not importable otherwise."""
+    import importlib
+
+    from rise_nemo.backends.nemo.config import put_nemo_rl_on_path
+
+    if importlib.util.find_spec("nemo_rl") is not None:
+        pytest.skip("nemo_rl is importable here already")  # make test-nemo: real NeMo-RL on PYTHONPATH
+    (tmp_path / "nemo_rl").mkdir()
+    (tmp_path / "nemo_rl" / "__init__.py").write_text("MARK = 'checkout'\n")
+    monkeypatch.setenv("NEMO_RL_DIR", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    put_nemo_rl_on_path()
+    try:
+        assert importlib.import_module("nemo_rl").MARK == "checkout"
+        assert os.environ["PYTHONPATH"] == f"{tmp_path.resolve()}{os.pathsep}/elsewhere"
+    finally:
+        sys.modules.pop("nemo_rl", None)

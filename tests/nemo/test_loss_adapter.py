@@ -126,3 +126,19 @@ def test_picklable_and_declares_nemo_types():
     lp = nemo_style_logprobs(batch)
     assert float(clone(lp, batch)[0].detach()) == pytest.approx(float(fn(lp, batch)[0].detach()))
     assert fn.input_type.value == "logprob" and fn.loss_type.value == "token_level"
+
+
+def test_issue21_adapter_reports_num_valid_samples_per_micro_batch():
+    """NeMo-RL's DTensor worker reads ``loss_metrics["num_valid_samples"]`` for every micro-batch
+    (dtensor_policy_worker.py:916) and every NeMo-RL loss reports it as the micro-batch's sample_mask sum;
+    summed over micro-batches (as NeMo-RL sums metrics) it is the global count of valid samples."""
+    batch = make_batch()
+    loss_fn = RiseLossFunction(objective())
+    next_lp = nemo_style_logprobs(batch)
+    total = 0.0
+    for lo in range(0, 12, 4):
+        _, m = loss_fn(data=slice_rows(batch, lo, lo + 4), global_valid_seqs=None, global_valid_toks=None,
+                       next_token_logprobs=next_lp[lo: lo + 4])
+        assert m["num_valid_samples"] == float(batch["sample_mask"][lo: lo + 4].sum())
+        total += m["num_valid_samples"]
+    assert total == 11.0

@@ -37,8 +37,9 @@ def make(dp=2, mbs=2):
     policy = CpuMegatronPolicy(len(tok), dp, events)
     vllm = CpuVllm(len(tok), MAX_NEW, tok.pad_token_id, tok.eos_token_id, events)
     session = NemoSession(policy, vllm, tok, master_config(MAX_NEW, mbs), refit=make_refit(events), to_batched=dict)
-    value = CpuValue(len(tok), dp, events)
-    cfg = {"train_micro_batch_size": mbs, "logprob_batch_size": mbs, "make_sequence_length_divisible_by": 4}
+    value = CpuValue(len(tok), dp, events, colocated_policy=policy)
+    cfg = {"train_micro_batch_size": mbs, "logprob_batch_size": mbs, "make_sequence_length_divisible_by": 4,
+           "train_global_batch_size": 4 * dp * mbs}
     return session, NemoGenerator(session), NemoPolicy(session, False), NemoCritic(session, value, cfg), value, tok
 
 
@@ -166,10 +167,10 @@ def test_critic_trains_to_lower_value_loss_and_sums_microbatches_exactly():
 
     before = full_loss()
     metrics = critic.train(batch, loss)
-    # NeMo-RL's sum over 4 micro-batches (3 rows padded to DP 2 x mbs 1) is the global loss
+    # NeMo-RL's sum over 8 micro-batches (3 rows padded to train_global_batch_size 8) is the global loss
     assert metrics["critic/value_loss"] == pytest.approx(before, rel=1e-5)
     call = value.train_calls[0]
-    assert call["input_ids"].shape[0] == 4 and float(call["sample_mask"][3]) == 0
+    assert call["input_ids"].shape[0] == 8 and float(call["sample_mask"][3:].sum()) == 0
     assert torch.all(call[VALUE_COUNT_KEY] == batch["token_mask"].sum())
     for _ in range(30):
         critic.train(batch, loss)
@@ -182,9 +183,13 @@ def test_critic_trains_to_lower_value_loss_and_sums_microbatches_exactly():
 def test_value_loss_wrapper_accepts_nemo_shapes():
     fn = ValueLossFunction(lambda v, d: ((v * d["token_mask"]).sum(), {"n": 1.0}))
     assert fn.input_type.value == "logit" and fn.loss_type.value == "token_level"
-    data = {"token_mask": torch.ones(2, 5)}
+    data = {"token_mask": torch.ones(2, 5), "sample_mask": torch.tensor([1.0, 0.0])}
     loss3, m = fn(torch.ones(2, 5, 1), data)  # [B, S, 1] before NeMo-RL squeezes it
     assert float(loss3) == 10.0 and m["loss"] == 10.0 and m["n"] == 1.0
+    # issue 21 defects 2 and 5: with sequence packing the value worker passes the values as ``logits=``
+    # (SequencePackingLossWrapper, wrapper.py:136-141), and NeMo-RL's workers read num_valid_samples
+    loss_kw, m_kw = fn(logits=torch.ones(2, 5), data=data, global_valid_seqs=None, global_valid_toks=None)
+    assert float(loss_kw) == 10.0 and m_kw["num_valid_samples"] == m["num_valid_samples"] == 2.0  # rows, as MseValueLossFn
     assert align_values(torch.ones(2, 3), 5).tolist() == [[1, 1, 1, 0, 0]] * 2
     assert align_values(torch.ones(2, 7), 5).shape == (2, 5)
 
@@ -241,3 +246,18 @@ def test_build_critic_places_the_value_model_from_the_recipe_and_resumes_it(tmp_
     resumed.load_checkpoint(tmp_path / "step_000004" / "critic")  # the hook accepts the dir it was built from
     with pytest.raises(NemoConfigError, match="nemo.value block"):
         nemo_backend.build_critic({"backend": "nemo", "method": "ppo", "nemo": {}}, policy)
+
+
+def test_issue21_critic_lr_schedule_advances_one_iteration_per_step():
+    """Issue 21 defect 7: Megatron's value worker steps its LR scheduler by the ``gbs`` of each train call
+    (megatron_value_worker.py:702-706) and counts warmup/decay in iterations x train_global_batch_size
+    (megatron/setup.py:1013); the critic passed its padded row count, so the schedule moved by a different,
+    smaller amount each step. Every step now trains exactly train_global_batch_size rows (one iteration), and
+    a step with more rows than that is refused naming the recipe key."""
+    _, _, _, critic, value, _ = make(dp=2, mbs=1)
+    loss = functools.partial(clipped_value_loss, clip=10.0)
+    for rows in (3, 6):
+        critic.train(_ppo_batch(b=rows, t=10, seed=rows), loss)
+    assert [c["input_ids"].shape[0] for c in value.train_calls] == [8, 8]  # CpuValue asserts gbs == rows
+    with pytest.raises(BatchError, match="nemo.value.train_global_batch_size: this step has 9 training rows"):
+        critic.train(_ppo_batch(b=9, t=10), loss)

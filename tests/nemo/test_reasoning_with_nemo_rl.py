@@ -21,10 +21,12 @@ from unittest.mock import MagicMock, create_autospec
 import pytest
 import torch
 
-nemo_rl = pytest.importorskip("nemo_rl")
-pytestmark = pytest.mark.nemo
-
 sys.path.insert(0, str(Path(__file__).parent))
+
+from nemo_venv import import_nemo_rl  # noqa: E402
+
+nemo_rl = import_nemo_rl()
+pytestmark = pytest.mark.nemo
 
 from cpu_nemo import CpuValue, make_tokenizer  # noqa: E402
 from test_reasoning_nemo_cpu import _ppo_batch, clipped_value_loss  # noqa: E402
@@ -78,10 +80,6 @@ def test_token_advantages_equal_clipped_pg_loss_with_bt_advantages():
 
     batch = _with_counts(_ppo_batch(b=4, t=12, given=2, seed=5))
     objective = functools.partial(rise_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28, lambda_guide=0.0))
-    try:
-        objective(torch.zeros(4, 12), batch)
-    except KeyError as exc:
-        pytest.skip(f"the core PG loss does not read token_advantages on this branch yet ({exc})")
     logits = torch.randn(4, 12, VOCAB, generator=torch.Generator().manual_seed(1), requires_grad=True)
     theirs = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28,
                                                  reference_policy_kl_penalty=0.0, token_level_loss=True))
@@ -109,21 +107,26 @@ def _autospec_value(tok, dp=2):
 
 
 def test_critic_calls_bind_to_the_real_value_api(tmp_path):
+    from nemo_rl.models.policy.lm_policy import Policy
+
     from rise_nemo.backends.nemo.runtime import NemoSession
 
     tok = make_tokenizer()
     value, cpu = _autospec_value(tok)
-    session = NemoSession(None, None, tok, {"policy": {"generation": {"colocated": {"enabled": True}}}},
+    policy = create_autospec(Policy, instance=True)  # the critic offloads it through NeMo-RL's own method
+    session = NemoSession(policy, None, tok, {"policy": {"generation": {"colocated": {"enabled": True}}}},
                           refit=lambda *a, **k: None)
-    critic = NemoCritic(session, value, {"train_micro_batch_size": 1, "make_sequence_length_divisible_by": 2})
+    critic = NemoCritic(session, value, {"train_micro_batch_size": 1, "make_sequence_length_divisible_by": 2,
+                                          "train_global_batch_size": 8})
     batch = _ppo_batch(b=3, t=10)
     values = critic.get_values(batch)
     assert values.shape == (3, 10) and torch.all(values[:, 0] == 0)
     metrics = critic.train(batch, functools.partial(clipped_value_loss, clip=0.2))
-    assert "critic/value_loss" in metrics and value.train.call_args.kwargs["gbs"] == 4
+    assert "critic/value_loss" in metrics and value.train.call_args.kwargs["gbs"] == 8
     critic.save_checkpoint(tmp_path / "critic")
     assert value.save_checkpoint.call_args.kwargs["weights_path"].endswith("critic/weights")
     assert [c[0] for c in value.method_calls][-3:] == ["prepare_for_training", "save_checkpoint", "finish_training"]
+    assert [c[0] for c in policy.method_calls] == ["offload_after_refit"] * 3  # before values, training, saving
 
 
 def test_value_config_from_the_ppo_recipe_is_a_full_value_config(tmp_path, monkeypatch):
@@ -193,3 +196,107 @@ def test_reasoning_recipes_pass_nemo_rl_master_config(name, tmp_path, monkeypatc
     from test_with_nemo_rl import test_recipes_pass_nemo_rl_master_config as check
 
     check(name, tmp_path, monkeypatch)
+
+
+def _packed(batch, lengths, seed=6):
+    """A packed value-head output [1, sum(lengths)] (one sequence after another, right-shifted as the Megatron
+    value worker's prepare_fn leaves it) and NeMo-RL's cu_seqlens for it."""
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    values = torch.randn(1, int(cu[-1]), generator=torch.Generator().manual_seed(seed), requires_grad=True)
+    return values, cu
+
+
+def test_issue21_value_loss_through_the_real_sequence_packing_wrapper():
+    """Issue 21 defect 2: with sequence packing (ppo_math_7b / rrl_math_7b turn it on, value_config copies it
+    to the critic) the Megatron value worker wraps the loss in NeMo-RL's SequencePackingLossWrapper
+    (megatron_value_worker.py:149-151), whose prepare_fn returns ``{"logits": values}`` (:315), and the wrapper
+    calls ``loss_fn(data=, global_valid_seqs=, global_valid_toks=, **loss_input)`` (wrapper.py:136-141). The
+    real wrapper runs here with NeMo-RL's real ``prepare_loss_input`` (its LOGIT branch returns the same
+    ``{"logits": ...}``; the worker's own prepare_fn cannot be imported without megatron-core). Before the fix
+    our value loss took ``next_token_logprobs`` and raised TypeError. It must equal MseValueLossFn through the
+    same wrapper, in value and gradient, and report num_valid_samples as NeMo-RL's losses do (defect 5)."""
+    from nemo_rl.algorithms.loss import SequencePackingLossWrapper, prepare_loss_input
+    from nemo_rl.algorithms.loss.loss_functions import MseValueLossConfig, MseValueLossFn
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    lengths = [10, 7, 9]
+    batch = _ppo_batch(b=3, t=10, seed=2)
+    batch["input_lengths"] = torch.tensor(lengths)
+    for i, n in enumerate(lengths):
+        batch["token_mask"][i, n:] = 0  # right padding
+    batch["sample_mask"] = torch.tensor([1.0, 0.0, 1.0])
+    gvt = (batch["token_mask"] * batch["sample_mask"][:, None]).sum()
+    batch[VALUE_COUNT_KEY] = torch.full((3,), float(gvt))
+    values, cu = _packed(batch, lengths)
+    results = []
+    for loss_fn in (ValueLossFunction(functools.partial(clipped_value_loss, clip=0.2)),
+                    MseValueLossFn(MseValueLossConfig(scale=1.0, cliprange=0.2))):
+        wrapper = SequencePackingLossWrapper(loss_fn=loss_fn, prepare_fn=prepare_loss_input, cu_seqlens_q=cu)
+        loss, metrics = wrapper(values, BatchedDataDict(dict(batch)), batch["sample_mask"].sum(), gvt)
+        results.append((loss, metrics, torch.autograd.grad(loss, values)[0]))
+    (ours, our_metrics, our_grad), (theirs, their_metrics, their_grad) = results
+    assert float(ours) == pytest.approx(float(theirs), rel=1e-6)
+    torch.testing.assert_close(our_grad, their_grad)
+    assert our_metrics["num_valid_samples"] == their_metrics["num_valid_samples"] == 3.0  # rows, not sample_mask
+
+
+def test_issue21_policy_loss_reports_num_valid_samples_like_clipped_pg_loss():
+    """Issue 21 defect 5: NeMo-RL's DTensor policy worker reads ``loss_metrics["num_valid_samples"]`` after every
+    micro-batch (dtensor_policy_worker.py:916; KeyError without it) and keeps the micro-batch's metrics only
+    when it is > 0 (:934). Through the real input preparation our adapter reports what ClippedPGLossFn does."""
+    from nemo_rl.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+
+    batch = _with_counts(_ppo_batch(b=4, t=12, given=2, seed=5))
+    batch["sample_mask"] = torch.tensor([1.0, 1.0, 0.0, 1.0])
+    logits = torch.randn(4, 12, VOCAB, generator=torch.Generator().manual_seed(1))
+    objective = functools.partial(rise_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28, lambda_guide=0.0))
+    theirs = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28,
+                                                 reference_policy_kl_penalty=0.0, token_level_loss=True))
+    _, ours = _through_nemo(RiseLossFunction(objective), batch, logits)
+    _, their_metrics = _through_nemo(theirs, BatchedDataDict({**batch, "advantages": batch["token_advantages"],
+                                                              "generation_logprobs": batch["prev_logprobs"]}), logits)
+    assert ours["num_valid_samples"] == their_metrics["num_valid_samples"] == 3.0
+
+
+@pytest.mark.parametrize("layout", ["megatron", "megatron_no_optimizer", "dtensor"])
+def test_issue21_critic_resumes_with_the_paths_nemo_rl_resumes_value_from(layout, monkeypatch, tmp_path):
+    """Issue 21 defect 3: the Megatron value worker keeps its optimizer (and LR schedule) inside ``weights/``
+    (megatron_value_worker.py:964-1010); NeMo-RL's resume rule checks ``weights/iter_0000000/common.pt``
+    (CheckpointManager.get_resume_paths(..., model_component="value"), checkpoint.py:150-193). build_value used
+    to look only for ``<critic>/optimizer`` and so restarted Adam and the warmup on every resume. The Value it
+    builds must get exactly the paths NeMo-RL's own rule gives for the same layout."""
+    import warnings
+
+    import nemo_rl.models.value.lm_value as lm_value
+    from nemo_rl.utils.checkpoint import CheckpointManager
+    from test_with_nemo_rl import _megatron_like_policy_dir
+
+    from rise_nemo.backends.nemo.critic import build_value
+
+    if layout == "dtensor":
+        (tmp_path / "value" / "weights").mkdir(parents=True)
+        (tmp_path / "value" / "optimizer").mkdir()
+    else:
+        _megatron_like_policy_dir(tmp_path, layout == "megatron", component="value")
+    cls = create_autospec(lm_value.Value)
+    monkeypatch.setattr(lm_value, "Value", cls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build_value("cluster", "tok", {"model_name": "m"}, tmp_path / "value")
+        theirs = CheckpointManager.get_resume_paths(tmp_path, model_component="value")
+    kwargs = cls.call_args.kwargs
+    assert (kwargs["weights_path"], kwargs["optimizer_path"]) == tuple(None if p is None else str(p) for p in theirs)
+    assert (kwargs["optimizer_path"] is None) == (layout == "megatron_no_optimizer")
+
+
+def test_issue21_whiten_equals_nemo_rl_gae_normalisation():
+    """Our GAE advantage whitening is NeMo-RL's ``_reward_whiten`` (masked_var with Bessel's correction)."""
+    from nemo_rl.algorithms.advantage_estimator import GeneralizedAdvantageEstimator
+
+    from rise_nemo.core.value import whiten
+
+    g = torch.Generator().manual_seed(3)
+    x, mask = torch.randn(4, 9, generator=g), (torch.rand(4, 9, generator=g) > 0.4).float()
+    theirs = GeneralizedAdvantageEstimator._reward_whiten(None, x, mask) * mask
+    torch.testing.assert_close(whiten(x, mask), theirs, rtol=1e-5, atol=1e-6)

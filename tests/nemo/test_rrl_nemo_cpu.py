@@ -50,9 +50,9 @@ def test_rrl_step_on_the_nemo_backend_pieces():
     vllm = RecordingVllm(len(tok), MAX_NEW, tok.pad_token_id, tok.eos_token_id, events)
     session = NemoSession(CpuMegatronPolicy(len(tok), 2, events), vllm, tok, master_config(MAX_NEW, 2),
                           refit=make_refit(events), to_batched=dict)
-    value = CpuValue(len(tok), 2, events)
+    value = CpuValue(len(tok), 2, events, colocated_policy=session.policy)
     critic = NemoCritic(session, value, {"train_micro_batch_size": 2, "logprob_batch_size": 2,
-                                         "make_sequence_length_divisible_by": 4})
+                                         "make_sequence_length_divisible_by": 4, "train_global_batch_size": 8})
     cfg = config_from_dict(chain_recipe("rrl", group_size=2, max_new_tokens=MAX_NEW),
                            ["grpo.kl_coef=0", "grpo.temperature=1.0", "grpo.top_p=1.0", "rrl.granularity=token", "rrl.beta=1.0", "rrl.steps_per_epoch=1",
                             "rrl.stabilise.max_steps=0", "rrl.state_sources=[canonical]", "train.log_samples=4"])
@@ -88,20 +88,7 @@ def test_critic_warmup_on_the_nemo_backend_pieces():
     """``ppo.critic_warmup_steps=1``: step 1 trains only the value model (no ``policy.train``, so no optimiser or
     LR-scheduler step of the policy) and step 2 generates without a refit (vLLM's weights are still current);
     step 2 is an ordinary step whose policy update forces the refit before step 3."""
-    events: list[str] = []
-    tok = make_tokenizer()
-    session = NemoSession(CpuMegatronPolicy(len(tok), 2, events), CpuVllm(len(tok), MAX_NEW, tok.pad_token_id,
-                                                                          tok.eos_token_id, events),
-                          tok, master_config(MAX_NEW, 2), refit=make_refit(events), to_batched=dict)
-    value = CpuValue(len(tok), 2, events)
-    critic = NemoCritic(session, value, {"train_micro_batch_size": 2, "logprob_batch_size": 2,
-                                         "make_sequence_length_divisible_by": 4})
-    cfg = config_from_dict(chain_recipe("ppo", group_size=2, max_new_tokens=MAX_NEW),
-                           ["grpo.kl_coef=0", "grpo.temperature=1.0", "grpo.top_p=1.0", "ppo.critic_warmup_steps=1"])
-    problems = [ReasoningProblem(f"q{i}", ({"role": "user", "content": f"describe the {topic}"},), REFERENCE, "x", 1)
-                for i, topic in enumerate(("river", "sun"))]
-    ctx = ReasoningContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
-                           method=get_method("ppo"), critic=critic, pad_id=tok.pad_token_id)
+    events, session, ctx, problems = ppo_on_stand_ins("ppo.critic_warmup_steps=1")
     policy_w = session.policy.model.table.clone()
     m1 = reasoning_train_step(ctx, problems, 1)
     assert m1["critic/warmup"] == 1.0 and events.count("policy.train") == 0 and events.count("value.train") == 1
@@ -112,3 +99,59 @@ def test_critic_warmup_on_the_nemo_backend_pieces():
     assert m2["critic/warmup"] == 0.0 and events.count("policy.train") == 1 and events.count("value.train") == 2
     reasoning_train_step(ctx, problems, 3)
     assert events.count("refit") == refits + 1
+
+
+def test_issue21_policy_is_offloaded_before_the_critic_loads():
+    """Issue 21 defect 4: a PPO step trained the policy and then the critic with the policy's weights, grads
+    and Adam state still resident; NeMo-RL's ppo.py has them off the GPUs whenever the value model is loaded
+    (ppo.py:1166-1208, 1255-1287). CpuValue asserts the policy stand-in holds nothing at every
+    prepare_for_inference/prepare_for_training; after the critic, the next step's refit reloads the weights
+    it streams and the policy trains with everything back on the GPUs (both asserted by the stand-in)."""
+    events, session, ctx, problems = ppo_on_stand_ins()
+    for step in (1, 2):
+        reasoning_train_step(ctx, problems, step)
+    assert events.count("policy.train") == 2 and events.count("value.train") == 2 and events.count("refit") == 2
+    train_at = [i for i, e in enumerate(events) if e == "value.prepare_for_training"]
+    assert all(events[i - 1] == "policy.offload_after_refit" for i in train_at)
+
+
+def ppo_on_stand_ins(*overrides: str):
+    """A PPO ReasoningContext on the nemo backend's pieces over the stand-ins (policy, vLLM, value on one
+    event list; the value stand-in checks the policy is offloaded whenever it loads)."""
+    events: list[str] = []
+    tok = make_tokenizer()
+    session = NemoSession(CpuMegatronPolicy(len(tok), 2, events), CpuVllm(len(tok), MAX_NEW, tok.pad_token_id,
+                                                                          tok.eos_token_id, events),
+                          tok, master_config(MAX_NEW, 2), refit=make_refit(events), to_batched=dict)
+    value = CpuValue(len(tok), 2, events, colocated_policy=session.policy)
+    critic = NemoCritic(session, value, {"train_micro_batch_size": 2, "logprob_batch_size": 2,
+                                         "make_sequence_length_divisible_by": 4, "train_global_batch_size": 8})
+    cfg = config_from_dict(chain_recipe("ppo", group_size=2, max_new_tokens=MAX_NEW),
+                           ["grpo.kl_coef=0", "grpo.temperature=1.0", "grpo.top_p=1.0", *overrides])
+    problems = [ReasoningProblem(f"q{i}", ({"role": "user", "content": f"describe the {topic}"},), REFERENCE, "x", 1)
+                for i, topic in enumerate(("river", "sun"))]
+    ctx = ReasoningContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
+                           method=get_method("ppo"), critic=critic, pad_id=tok.pad_token_id)
+    return events, session, ctx, problems
+
+
+def test_issue21_sft_step_on_the_nemo_backend_pieces():
+    """Issue 21 defect 7: the SFT baseline's step on the nemo backend sent no prev_logprobs (NemoPolicy.train
+    refused the batch), and padding rows carried global_tokens = 0, so a micro-batch of padding rows divided
+    0 by 0 in sft_loss (NaN gradients). Three problems, DP 2 x micro-batch 1, padded to
+    train_global_batch_size 32: 29 padding micro-batches; the step trains and every weight stays finite."""
+    events: list[str] = []
+    tok = make_tokenizer()
+    policy = CpuMegatronPolicy(len(tok), 2, events)
+    session = NemoSession(policy, CpuVllm(len(tok), MAX_NEW, tok.pad_token_id, tok.eos_token_id, events), tok,
+                          master_config(MAX_NEW, 1), refit=make_refit(events), to_batched=dict)
+    cfg = config_from_dict(chain_recipe("sft", group_size=2, max_new_tokens=MAX_NEW), ["grpo.kl_coef=0"])
+    problems = [ReasoningProblem(f"q{i}", ({"role": "user", "content": f"describe the {topic}"},), REFERENCE, "x", 1)
+                for i, topic in enumerate(("river", "sun", "moon"))]
+    ctx = ReasoningContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
+                           method=get_method("sft"), critic=None, pad_id=tok.pad_token_id)
+    before = policy.model.table.detach().clone()
+    metrics = reasoning_train_step(ctx, problems, 1)
+    assert policy.train_calls[0]["input_ids"].shape[0] == 32 and events.count("policy.get_logprobs") == 0
+    assert torch.isfinite(policy.model.table).all() and not torch.equal(policy.model.table, before)
+    assert metrics["sft/nll"] > 0 and torch.isfinite(torch.tensor(metrics["sft/nll"]))

@@ -25,10 +25,12 @@ from unittest.mock import MagicMock
 import pytest
 import torch
 
-nemo_rl = pytest.importorskip("nemo_rl")
-pytestmark = pytest.mark.nemo
-
 sys.path.insert(0, str(Path(__file__).parent))
+
+from nemo_venv import import_nemo_rl  # noqa: E402
+
+nemo_rl = import_nemo_rl()
+pytestmark = pytest.mark.nemo
 
 from cpu_nemo import Bigram, CpuVllm, make_prompts, make_tokenizer, write_jsonl  # noqa: E402
 
@@ -75,7 +77,10 @@ def _natural_batch(b=6, t=16, vocab=32, seed=0):
     return data
 
 
-def test_adapter_equals_clipped_pg_loss_through_nemo_input_preparation():
+@pytest.mark.parametrize("kl", [0.0, 0.001, 0.3])
+def test_adapter_equals_clipped_pg_loss_through_nemo_input_preparation(kl):
+    """KL 0 and k3 KL penalties (issue 21 defect 7: NeMo-RL's KL carries exp(logp - logp.detach()) and clamps;
+    at 0.3 some tokens hit the output clamp) through NeMo-RL's own input preparation, in value and gradient."""
     from nemo_rl.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
     from nemo_rl.algorithms.loss.interfaces import LossInputType, LossType
     from nemo_rl.algorithms.loss.wrapper import wrap_loss_fn_with_input_preparation
@@ -83,12 +88,14 @@ def test_adapter_equals_clipped_pg_loss_through_nemo_input_preparation():
 
     data = _natural_batch()
     vocab = 32
+    g = torch.Generator().manual_seed(7)
+    data["reference_policy_logprobs"] = -torch.rand(data["input_ids"].shape, generator=g) * 16 - 0.1
     logits = torch.randn(*data["input_ids"].shape, vocab, generator=torch.Generator().manual_seed(1), requires_grad=True)
     ours = RiseLossFunction(functools.partial(rise_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28,
-                                                                                   lambda_guide=0.0)))
+                                                                                   lambda_guide=0.0, kl_coef=kl)))
     assert ours.input_type is LossInputType.LOGPROB and ours.loss_type is LossType.TOKEN_LEVEL
     theirs = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28,
-                                                 reference_policy_kl_penalty=0.0, token_level_loss=True))
+                                                 reference_policy_kl_penalty=kl, token_level_loss=True))
     nemo_data = BatchedDataDict({**data, "advantages": data["advantages"][:, None].expand_as(data["token_mask"]).clone()})
     gvt = (data["token_mask"][:, 1:] * data["sample_mask"][:, None]).sum()
     gvs = data["sample_mask"].sum()
@@ -333,10 +340,11 @@ def test_distill_entry_point_drives_nemo_distillation(tmp_path, monkeypatch):
 # are in test_cluster_path.py).
 
 
-def _megatron_like_policy_dir(root: Path, with_optimizer: bool) -> Path:
-    """A policy checkpoint as the Megatron worker leaves it: optimizer state embedded in
-    weights/iter_0000000/common.pt, no optimizer directory (megatron_policy_worker.py:1704-1724)."""
-    common = root / "policy" / "weights" / "iter_0000000" / "common.pt"
+def _megatron_like_policy_dir(root: Path, with_optimizer: bool, component: str = "policy") -> Path:
+    """A policy (or value) checkpoint as the Megatron worker leaves it: optimizer state embedded in
+    weights/iter_0000000/common.pt, no optimizer directory (megatron_policy_worker.py:1704-1724; the value
+    worker saves the same way, megatron_value_worker.py:964-1010)."""
+    common = root / component / "weights" / "iter_0000000" / "common.pt"
     common.parent.mkdir(parents=True)
     torch.save({"iteration": 0, **({"optimizer": {"param_groups": []}} if with_optimizer else {})}, common)
     return root
@@ -625,3 +633,31 @@ def test_issue12_grpo_policy_built_from_the_checkpoint_it_is_given(tmp_path, mon
     assert policy_if.session.resumed_from == chosen / "policy"
     nemo_backend.build_backend(cfg, checkpoint=None, train_prompts=make_prompts(4))
     assert seen["factory"].args[1] is None  # the initial policy
+
+
+@pytest.mark.parametrize("v2", [None, False])
+def test_issue21_dtensor_recipe_names_the_v2_worker_it_inherits(v2, tmp_path, monkeypatch):
+    """Issue 21 defect 7: NeMo-RL's base config sets dtensor_cfg._v2: true, so a recipe that only turns DTensor
+    on gets the v2 worker, which needs nemo_automodel (absent in this venv and in many containers) and failed
+    inside a Ray worker. build_master_config now refuses it naming the key; ``_v2: false`` (the v1 worker,
+    the one that executes on CPU) passes NeMo-RL's MasterConfig."""
+    import importlib.util
+
+    from nemo_rl.algorithms import grpo
+
+    from rise_nemo.backends.nemo import plain_recipe
+    from rise_nemo.backends.nemo.config import NemoConfigError, build_master_config
+    from rise_nemo.config.loader import load_config
+
+    assert importlib.util.find_spec("nemo_automodel") is None  # what this test is about
+    monkeypatch.setenv("NEMO_RL_DIR", str(Path(nemo_rl.__file__).resolve().parents[1]))
+    overrides = ["nemo.policy.dtensor_cfg.enabled=true", "nemo.policy.megatron_cfg.enabled=false"]
+    if v2 is not None:
+        overrides.append(f"++nemo.policy.dtensor_cfg._v2={str(v2).lower()}")
+    recipe = plain_recipe(load_config(REPO / "recipes" / "grpo_math_qwen3_4b.yaml", overrides))
+    if v2 is None:
+        with pytest.raises(NemoConfigError, match=r"nemo\.policy\.dtensor_cfg\._v2: true .* needs nemo_automodel"):
+            build_master_config(recipe, str(tmp_path))
+    else:
+        master = grpo.MasterConfig(**build_master_config(recipe, str(tmp_path)))
+        assert master.policy["dtensor_cfg"]["enabled"] and master.policy["dtensor_cfg"]["_v2"] is False

@@ -218,7 +218,7 @@ def test_global_batch_larger_than_a_step_is_noted_not_refused():
 
 
 def test_cli_errors_name_the_recipe_once(capsys):
-    """issue 22 item 13: `plan nonesuch` said "nonesuch: recipe 'nonesuch' not found"."""
+    """`plan nonesuch` said "nonesuch: recipe 'nonesuch' not found"."""
     from rise_nemo.cli import main
 
     assert main(["plan", "nonesuch_recipe"]) == 2
@@ -227,3 +227,18 @@ def test_cli_errors_name_the_recipe_once(capsys):
     assert main(["plan", "rise_14b", "grpo.groupsize=2"]) == 2  # a message without the recipe gets it in front
     err = capsys.readouterr().err.strip()
     assert err.startswith("rise-nemo plan: rise_14b: command-line override 'grpo.groupsize=2'"), err
+
+
+def test_critic_phase_is_the_value_model_alone():
+    """The nemo backend offloads the policy (weights, grads, optimizer) before the value model
+    loads, as NeMo-RL's ppo.py does (rise_nemo.backends.nemo.runtime.NemoSession.offload_policy), so the
+    planner's critic phase is the value model's training state plus vLLM asleep: no policy term."""
+    from rise_nemo.backends.nemo import plain_recipe
+    from rise_nemo.config.loader import load_config
+    from rise_nemo.planner import memory
+
+    report = plan_recipe(plain_recipe(load_config(REPO / "recipes" / "ppo_math_7b.yaml")))
+    critic = [t for t in report.terms if t.phase == "critic"]
+    assert critic and not [t for t in critic if "policy" in t.label], [t.label for t in critic]
+    assert [t.label for t in critic][-1] == "vLLM asleep (colocated)"
+    assert report.phase_total("critic") == pytest.approx(sum(t.gib for t in critic[:-1]) + memory.VLLM_ASLEEP_GIB)

@@ -72,11 +72,11 @@ def encode_chat(tokenizer: Any, messages: list[dict], chat_template_kwargs: Mapp
 def nemo_dataset(prompts, encode, min_size: int) -> list[dict[str, Any]]:
     """NeMo-RL datums for grpo.setup()'s dataloader (drop_last batches of prompts_per_step): repeated up to
     one full batch so a small prompt set still gives NeMo-RL a non-empty epoch."""
-    from rise_nemo.backends.nemo.environment import rubric_datum
+    from rise_nemo.backends.nemo.environment import prompt_datum
 
     if not prompts:
         raise NemoConfigError("recipe key data.train_path: no training prompts")
-    datums = [rubric_datum(p, encode, i) for i, p in enumerate(prompts)]
+    datums = [prompt_datum(p, encode, i) for i, p in enumerate(prompts)]
     while len(datums) < min_size:
         datums += datums[: min_size - len(datums)]
     return datums
@@ -137,12 +137,15 @@ def build_critic(cfg: Any, policy: Any, *, checkpoint: str | Path | None = None)
 
 
 def _import_nemo_rl():
+    from rise_nemo.backends.nemo.config import put_nemo_rl_on_path
+
+    put_nemo_rl_on_path()
     try:
         from nemo_rl.algorithms import grpo
     except ImportError as exc:
         raise ImportError(
-            "backend: nemo needs NeMo-RL (run inside the NeMo-RL container, or put a NeMo-RL v0.7 checkout "
-            "on PYTHONPATH); `rise-nemo plan` checks a recipe without it"
+            "backend: nemo needs NeMo-RL (run inside the NeMo-RL container, or set NEMO_RL_DIR to a NeMo-RL "
+            f"v0.7.0 checkout with its dependencies installed: {exc}); `rise-nemo plan` checks a recipe without it"
         ) from exc
     return grpo
 

@@ -170,6 +170,13 @@ def use_behaviour_logprobs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return out
 
 
+VALUE_COUNT_KEY = "value_token_count"  # the critic's: sum(token_mask * sample_mask) over the WHOLE global batch
+# Per-sample columns holding one global normaliser (every row the same value), padding rows included: a
+# micro-batch of padding rows then divides 0 by the global count, never 0 by 0 (the core objective's
+# counts, the SFT baseline's ``global_tokens`` (rise_nemo.tasks.sft), the value loss's count).
+GLOBAL_COLUMNS = ("natural_token_count", "guided_seq_count", "global_tokens", VALUE_COUNT_KEY)
+
+
 def pad_train_batch(
     batch: Mapping[str, torch.Tensor], row_multiple: int, seq_multiple: int, pad_id: int
 ) -> tuple[dict[str, torch.Tensor], int]:
@@ -191,7 +198,7 @@ def pad_train_batch(
         elif value.dim() == 1:
             padded = torch.zeros(rows, dtype=value.dtype)
             padded[:b] = value
-            if key in ("natural_token_count", "guided_seq_count") and b:
+            if key in GLOBAL_COLUMNS and b:
                 padded[b:] = value[0]  # global columns: every row holds the same value
             elif key == "input_lengths":
                 padded[b:] = 1
@@ -201,6 +208,25 @@ def pad_train_batch(
             raise BatchError(f"training batch key {key!r} has {value.dim()} dims; expected 1 or 2")
         out[key] = padded
     return out, b
+
+
+def global_rows(rows: int, dp_size: int, micro_batch_size: int, global_batch_size: int | None, block: str,
+                needed: str) -> int:
+    """The row count a training batch is padded to (a multiple of it): exactly ``global_batch_size`` when given,
+    so that every ``train`` call hands Megatron the same ``gbs``, which is what its LR scheduler advances by
+    (``scheduler.step(increment=gbs)``, megatron_policy_worker.py:801-806, megatron_value_worker.py:702-706;
+    warmup and decay are counted in iterations x ``train_global_batch_size``, megatron/setup.py:1013): one
+    scheduler iteration per step. Without it, the next multiple of DP x micro-batch."""
+    row_multiple = dp_size * micro_batch_size
+    if global_batch_size is None:
+        return row_multiple
+    if global_batch_size % row_multiple:
+        raise BatchError(f"recipe key {block}.train_global_batch_size: {global_batch_size} is not a multiple "
+                         f"of DP {dp_size} x train_micro_batch_size {micro_batch_size}")
+    if rows > global_batch_size:
+        raise BatchError(f"recipe key {block}.train_global_batch_size: this step has {rows} training rows, more "
+                         f"than {global_batch_size}; set it to at least {needed}")
+    return global_batch_size
 
 
 def to_nemo_train_batch(
@@ -219,16 +245,8 @@ def to_nemo_train_batch(
     Without it rows are padded to the next multiple of DP x micro-batch.
     """
     b = check_train_batch(batch)[0]
-    row_multiple = dp_size * micro_batch_size
-    if global_batch_size is not None:
-        if global_batch_size % row_multiple:
-            raise BatchError(f"recipe key nemo.policy.train_global_batch_size: {global_batch_size} is not a multiple "
-                             f"of DP {dp_size} x train_micro_batch_size {micro_batch_size}")
-        if b > global_batch_size:
-            raise BatchError(f"recipe key nemo.policy.train_global_batch_size: this step has {b} training rows, more "
-                             f"than {global_batch_size}; set it to at least prompts_per_step x (group_size + "
-                             "privileged_group_size)")
-        row_multiple = global_batch_size
+    row_multiple = global_rows(b, dp_size, micro_batch_size, global_batch_size, "nemo.policy",
+                               "prompts_per_step x (group_size + privileged_group_size)")
     if "prev_logprobs" not in batch:
         raise BatchError("training batch is missing key 'prev_logprobs' (call Policy.get_logprobs first)")
     out = dict(batch)

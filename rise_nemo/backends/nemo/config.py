@@ -180,6 +180,23 @@ def nemo_rl_dir(recipe: Mapping[str, Any]) -> Path:
                     or DEFAULT_NEMO_RL_DIR))
 
 
+def put_nemo_rl_on_path() -> None:
+    """NeMo-RL comes from the environment (the NeMo-RL container) or from ``$NEMO_RL_DIR`` (a v0.7.0 source
+    checkout): when ``nemo_rl`` is not importable and ``$NEMO_RL_DIR/nemo_rl`` exists, that directory goes on
+    ``sys.path`` and on ``PYTHONPATH``, which the Ray workers NeMo-RL starts inherit."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("nemo_rl") is not None:
+        return
+    root = os.environ.get("NEMO_RL_DIR")
+    if not root or not (Path(root) / "nemo_rl").is_dir():
+        return
+    root = str(Path(root).resolve())
+    sys.path.insert(0, root)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+
+
 def base_config_path(recipe: Mapping[str, Any]) -> Path | None:
     base = get(recipe, "nemo.base", None)
     if not base:
@@ -208,6 +225,7 @@ def build_master_config(recipe: Mapping[str, Any], run_dir: str) -> dict[str, An
     Uses NeMo-RL's own loader (``defaults:`` inheritance, its ``${mul:...}`` resolvers), so it imports
     nemo_rl; call it only where NeMo-RL is installed.
     """
+    put_nemo_rl_on_path()
     from nemo_rl.utils.config import load_config, register_omegaconf_resolvers
     from omegaconf import OmegaConf
 
@@ -215,7 +233,26 @@ def build_master_config(recipe: Mapping[str, Any], run_dir: str) -> dict[str, An
     base_path = base_config_path(recipe)
     base = load_config(base_path) if base_path is not None else OmegaConf.create({})
     merged = OmegaConf.merge(base, OmegaConf.create(nemo_overrides(recipe, run_dir)))
-    return OmegaConf.to_container(merged, resolve=True)
+    master = OmegaConf.to_container(merged, resolve=True)
+    check_dtensor_worker(master)
+    return master
+
+
+def check_dtensor_worker(master: Mapping[str, Any]) -> None:
+    """A DTensor policy (or teacher) with ``dtensor_cfg._v2: true`` runs NeMo-RL's DTensor v2 worker, which
+    imports nemo_automodel (nemo_rl/models/policy/lm_policy.py:134-138). NeMo-RL's base config sets ``_v2:
+    true`` (examples/configs/grpo_math_1B.yaml), so a recipe that only turns DTensor on inherits it; where
+    nemo_automodel is not installed, say so here, naming the key, instead of failing inside a Ray worker."""
+    import importlib.util
+
+    for block in ("policy", "teacher"):
+        dtensor = (master.get(block) or {}).get("dtensor_cfg") or {}
+        if dtensor.get("enabled") and dtensor.get("_v2", False) and importlib.util.find_spec("nemo_automodel") is None:
+            raise NemoConfigError(
+                f"recipe key nemo.{block}.dtensor_cfg._v2: true (NeMo-RL's base config sets it) runs the DTensor v2 "
+                f"worker, which needs nemo_automodel (not installed); install it, or set "
+                f"nemo.{block}.dtensor_cfg._v2: false for the DTensor v1 worker"
+            )
 
 
 # Keys of NeMo-RL's ValueConfig (nemo_rl/models/value/config.py) taken from the policy's config: the critic

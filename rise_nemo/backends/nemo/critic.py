@@ -10,9 +10,11 @@ API, as ``nemo_rl.algorithms.ppo`` drives it:
   ``finish_inference`` (ppo.py:1166-1169);
 - ``train(data, loss_fn, gbs=, mbs=)`` shards rows over data-parallel ranks and micro-batches and calls the
   loss per micro-batch as ``loss_fn(values [B, S] (right-shifted), data=, global_valid_seqs=,
-  global_valid_toks=)`` (megatron_value_worker.py:142-166), summing the micro-batch losses
-  (:180-188); wrapped in ``prepare_for_training`` / ``finish_training``, which moves weights and optimizer
-  off the GPUs again (ppo.py:1257-1267);
+  global_valid_toks=)`` (megatron_value_worker.py:142-166; with sequence packing per sequence through
+  ``SequencePackingLossWrapper`` as ``loss_fn(logits=values, data=, ...)``, :149-151, 315), summing the
+  micro-batch losses (:180-188) and stepping its LR scheduler by ``gbs`` (:702-706); wrapped in
+  ``prepare_for_training`` / ``finish_training``, which moves weights and optimizer off the GPUs again
+  (ppo.py:1257-1267), and run while the policy is offloaded (``NemoSession.offload_policy``);
 - ``save_checkpoint(weights_path, optimizer_path, tokenizer_path)`` (lm_value.py:422), called between
   ``prepare_for_training`` and ``finish_training`` (ppo.py:1558-1573); weights and optimizer are loaded only
   when the ``Value`` is built (``weights_path`` / ``optimizer_path``, lm_value.py:44-53).
@@ -34,11 +36,15 @@ from typing import Any
 
 import torch
 
-from rise_nemo.backends.nemo.batch import pad_train_batch, sum_microbatch_metrics
+from rise_nemo.backends.nemo.batch import (
+    VALUE_COUNT_KEY,
+    global_rows,
+    pad_train_batch,
+    sum_microbatch_metrics,
+)
 from rise_nemo.backends.nemo.config import value_config
 from rise_nemo.backends.nemo.loss import Objective, RiseLossFunction, _nemo_enums
 
-VALUE_COUNT_KEY = "value_token_count"  # [B]: sum(token_mask * sample_mask) over the WHOLE global batch
 VALUE_REQUIRED_KEYS = ("input_ids", "input_lengths", "token_mask", "sample_mask", "returns")
 
 
@@ -76,6 +82,23 @@ class ValueLossFunction(RiseLossFunction):
     def align(model_output: torch.Tensor, width: int) -> torch.Tensor:
         return align_values(model_output, width)
 
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        data: Mapping[str, torch.Tensor],
+        global_valid_seqs: torch.Tensor | None = None,
+        global_valid_toks: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        # ``logits`` (the values) is MseValueLossFn's parameter name: the Megatron value worker passes it
+        # positionally without sequence packing and as ``logits=`` through SequencePackingLossWrapper with it
+        # (megatron_value_worker.py:149-151, 315; wrapper.py:136-141).
+        return self.evaluate(logits, data)
+
+    @staticmethod
+    def num_valid_samples(data: Mapping[str, torch.Tensor]) -> float:
+        """The micro-batch's row count, as MseValueLossFn reports it (loss_functions.py:1267)."""
+        return float(data["sample_mask"].shape[0])
+
 
 def attach_value_count(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The global normaliser of the value loss as a per-sample column (every row the same value)."""
@@ -99,6 +122,7 @@ class NemoCritic:
         self.micro_batch = int(config["train_micro_batch_size"])
         self.logprob_batch = int(config.get("logprob_batch_size") or self.micro_batch)
         self.seq_multiple = int(config.get("make_sequence_length_divisible_by") or 1)
+        self.global_batch = int(config["train_global_batch_size"])  # every train call: gbs = this (global_rows)
         self.pad_id = int(session.tokenizer.pad_token_id)
         self.resumed_from = resumed_from
 
@@ -107,7 +131,7 @@ class NemoCritic:
         return int(self.value.sharding_annotations.get_axis_size("data_parallel"))
 
     def get_values(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        self.session.close_generation()  # vLLM must sleep before a colocated model wakes
+        self.session.offload_policy()  # vLLM asleep and the policy off the GPUs before the value model wakes
         b, t = data["input_ids"].shape
         keys = {"input_ids": data["input_ids"], "input_lengths": data["input_lengths"]}
         padded, _ = pad_train_batch(keys, self.dp_size * self.logprob_batch, self.seq_multiple, self.pad_id)
@@ -119,7 +143,7 @@ class NemoCritic:
         return out[:b, :t].float().cpu()
 
     def train(self, data: Mapping[str, torch.Tensor], loss_fn: Objective) -> dict[str, float]:
-        self.session.close_generation()
+        self.session.offload_policy()  # the policy just trained: its weights, grads and Adam state leave first
         missing = [k for k in VALUE_REQUIRED_KEYS if k not in data]
         if missing:
             raise ValueError(f"critic training batch is missing key(s) {missing}")
@@ -127,10 +151,12 @@ class NemoCritic:
         batch["token_mask"] = batch["token_mask"].float()
         batch["sample_mask"] = batch["sample_mask"].float()
         batch = attach_value_count(batch)
-        train_data, rows = pad_train_batch(batch, self.dp_size * self.micro_batch, self.seq_multiple, self.pad_id)
-        if rows < train_data["input_ids"].shape[0]:
-            train_data[VALUE_COUNT_KEY][rows:] = train_data[VALUE_COUNT_KEY][0]  # padding rows: same global count
-        gbs = train_data["input_ids"].shape[0]  # the whole batch is ONE global batch: one optimiser step
+        row_multiple = global_rows(batch["input_ids"].shape[0], self.dp_size, self.micro_batch, self.global_batch,
+                                   "nemo.value", "the rows of one training step")
+        train_data, _ = pad_train_batch(batch, row_multiple, self.seq_multiple, self.pad_id)
+        # ONE global batch of exactly train_global_batch_size rows: one optimiser step and one LR-scheduler
+        # iteration per step, whatever the number of rows (global_rows)
+        gbs = train_data["input_ids"].shape[0]
         self.value.prepare_for_training()
         result = self.value.train(self.session.to_batched(train_data), ValueLossFunction(loss_fn),
                                   gbs=gbs, mbs=self.micro_batch)
@@ -142,7 +168,7 @@ class NemoCritic:
     # -- checkpoints: sharded Megatron weights + optimizer, like NemoPolicy (ppo.py:1558-1573)
     def save_checkpoint(self, path: str | Path) -> None:
         path = Path(path)
-        self.session.close_generation()
+        self.session.offload_policy()
         self.value.prepare_for_training()
         self.value.save_checkpoint(weights_path=str(path / "weights"), optimizer_path=str(path / "optimizer"),
                                    tokenizer_path=str(path / "tokenizer"))
@@ -165,10 +191,11 @@ def build_value(train_cluster: Any, tokenizer: Any, config: Mapping[str, Any], r
     (``finish_training``), and the policy is reloaded for the first refit (ppo.py:629-631)."""
     from nemo_rl.models.value.lm_value import Value
 
-    weights = optimizer = None
-    if resume_dir is not None:
-        weights = str(resume_dir / "weights")
-        optimizer = str(resume_dir / "optimizer") if (resume_dir / "optimizer").exists() else None
+    from rise_nemo.backends.nemo import resume_paths
+
+    # The policy's resume rule (NeMo-RL's get_resume_paths): a Megatron value worker keeps its optimizer and
+    # LR scheduler inside weights/ (megatron_value_worker.py:964-1010), a DTensor one in optimizer/.
+    weights, optimizer = resume_paths(resume_dir) if resume_dir is not None else (None, None)
     if policy is not None:
         policy.offload_after_refit()
     value = Value(cluster=train_cluster, config=dict(config), tokenizer=tokenizer, name_prefix="lm_value",

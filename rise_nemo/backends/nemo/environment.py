@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.core.rewards import rubric_reward
 from rise_nemo.core.rubric import Criterion, MachineCheck, Rubric, RubricPrompt
 from rise_nemo.interfaces import Judge, JudgeRequest
@@ -58,15 +59,41 @@ def rubric_datum(prompt: RubricPrompt, encode, idx: int, task_name: str = TASK_N
 
     ``encode(messages) -> list[int]`` is the generator's ``encode_prompt``.
     """
-    ids = torch.tensor(encode(list(prompt.messages)), dtype=torch.long)
+    extra = {**rubric_to_metadata(prompt), "conversation": [dict(m) for m in prompt.messages]}
+    return _datum(prompt.messages, encode, idx, extra, task_name)
+
+
+def _datum(messages, encode, idx: int, extra_env_info: dict[str, Any], task_name: str) -> dict[str, Any]:
+    ids = torch.tensor(encode(list(messages)), dtype=torch.long)
     return {
-        "message_log": [{"role": "user", "content": str(prompt.messages[-1]["content"]), "token_ids": ids}],
+        "message_log": [{"role": "user", "content": str(messages[-1]["content"]), "token_ids": ids}],
         "length": int(ids.numel()),
-        "extra_env_info": {**rubric_to_metadata(prompt), "conversation": [dict(m) for m in prompt.messages]},
+        "extra_env_info": extra_env_info,
         "loss_multiplier": 1.0,
         "idx": idx,
         "task_name": task_name,
     }
+
+
+REASONING_TASK_NAME = "math"  # NeMo-RL's verifiable-answer environment takes the answer as ``ground_truth``
+
+
+def problem_datum(problem: ReasoningProblem, encode, idx: int, task_name: str = REASONING_TASK_NAME) -> dict[str, Any]:
+    """A NeMo-RL ``DatumSpec`` for one verifiable reasoning problem (PPO, sparse GRPO, RRL, ExpRL recipes):
+    the same prompt rendering as ``rubric_datum``; ``extra_env_info`` carries the answer under NeMo-RL's
+    math-environment key ``ground_truth`` (nemo_rl/environments/math_environment.py), never the hidden
+    reference solution."""
+    return _datum(problem.messages, encode, idx, {"prompt_id": problem.prompt_id, "ground_truth": str(problem.answer)},
+                  task_name)
+
+
+def prompt_datum(prompt: RubricPrompt | ReasoningProblem, encode, idx: int) -> dict[str, Any]:
+    """``rubric_datum`` or ``problem_datum``, by the prompt's type (a recipe's training set holds one kind)."""
+    if isinstance(prompt, ReasoningProblem):
+        return problem_datum(prompt, encode, idx)
+    if isinstance(prompt, RubricPrompt):
+        return rubric_datum(prompt, encode, idx)
+    raise TypeError(f"training prompt {idx}: expected a RubricPrompt or ReasoningProblem, got {type(prompt).__name__}")
 
 
 def split_conversation(message_log: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, str]], str]:

@@ -87,12 +87,24 @@ class RiseLossFunction:
         data: Mapping[str, torch.Tensor],
         global_valid_seqs: torch.Tensor | None = None,
         global_valid_toks: torch.Tensor | None = None,
-        **_: Any,
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        # The parameter names are NeMo-RL's (ClippedPGLossFn): its workers pass the model output by keyword
+        # through prepare_loss_input (``**{"next_token_logprobs": ...}``, nemo_rl/algorithms/loss/utils.py).
+        return self.evaluate(next_token_logprobs, data)
+
+    def evaluate(self, model_output: torch.Tensor, data: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         # global_valid_* are NeMo-RL's normalisers over token_mask * sample_mask of ALL rows; the core
         # objective normalises each kind by its own global count instead (eqs. 11-12), read from data.
-        loss, metrics = self.objective(self.align(next_token_logprobs.float(), data["token_mask"].shape[1]), data)
-        # NeMo-RL's worker reads metrics["loss"] per micro-batch to report the global loss.
+        loss, metrics = self.objective(self.align(model_output.float(), data["token_mask"].shape[1]), data)
+        # NeMo-RL's worker reads metrics["loss"] per micro-batch to report the global loss, and
+        # metrics["num_valid_samples"] to decide whether the micro-batch counts (dtensor_policy_worker.py:916,
+        # 934; KeyError without it).
         out = {k: float(v) for k, v in metrics.items() if v is not None}
         out["loss"] = float(loss.detach())
+        out["num_valid_samples"] = self.num_valid_samples(data)
         return loss, out
+
+    @staticmethod
+    def num_valid_samples(data: Mapping[str, torch.Tensor]) -> float:
+        """The micro-batch's sample_mask sum, as ClippedPGLossFn reports it (loss_functions.py:719)."""
+        return float(data["sample_mask"].float().sum())

@@ -31,7 +31,7 @@ from rise_nemo.backends.nemo.batch import (
     to_nemo_train_batch,
 )
 from rise_nemo.backends.nemo.loss import RiseLossFunction
-from rise_nemo.core.losses import loss_needs_reference_logprobs
+from rise_nemo.core.losses import loss_needs_prev_logprobs, loss_needs_reference_logprobs
 from rise_nemo.interfaces import KIND_NATURAL, LossFn, Rollout, SamplingParams
 
 log = logging.getLogger("rise_nemo.backends.nemo")
@@ -68,11 +68,14 @@ class NemoSession:
         self.refits = 0
         self.resumed_from: Path | None = None  # checkpoint the policy was built from (set by build_backend())
         self.train_cluster: Any = None  # NeMo-RL's training cluster, where build_critic() places the value model
+        self.policy_offloaded = False  # offload_policy() moved the policy's weights off the GPUs (PPO's critic)
 
     def open_generation(self) -> None:
         if self.generating:
             return
         if self.stale:
+            if self.policy_offloaded:  # the refit streams the weights from the GPUs (colocated ZMQ/IPC)
+                self.to_inference()
             self.refit(self.policy, self.generation, self.colocated,
                        _refit_buffer_size_gb=self.config["policy"].get("refit_buffer_size_gb"))
             self.refits += 1
@@ -99,6 +102,22 @@ class NemoSession:
         """
         self.close_generation()
         self.policy.prepare_for_training()
+        self.policy_offloaded = False
+
+    def to_inference(self) -> None:
+        """The policy's weights on the GPUs for log-probs or a refit (``prepare_for_lp_inference``)."""
+        self.policy.prepare_for_lp_inference()
+        self.policy_offloaded = False
+
+    def offload_policy(self) -> None:
+        """The policy's weights, gradients and optimizer state off the GPUs before the value model loads, as
+        NeMo-RL's ppo.py leaves them there (``finish_inference`` after the log-probs, ppo.py:1204; the value
+        model trains before the policy is reloaded, :1255-1287): a colocated critic never shares the GPUs
+        with the policy's training state (rise_nemo.planner.memory.critic_terms). The next ``to_training``,
+        log-prob pass or refit reloads what it needs."""
+        self.close_generation()
+        self.policy.offload_after_refit()
+        self.policy_offloaded = True
 
 
 class NemoGenerator:
@@ -190,7 +209,7 @@ class NemoPolicy:
 
     def get_logprobs(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
         self.session.close_generation()
-        self.session.policy.prepare_for_lp_inference()
+        self.session.to_inference()
         padded, b, t = self._logprob_input(data)
         out = self.session.policy.get_logprobs(self.session.to_batched(padded))["logprobs"]
         return out[:b, :t].float().cpu()  # [B, T], column 0 = 0 (NeMo-RL's convention = ours)
@@ -204,8 +223,12 @@ class NemoPolicy:
         self.session.close_generation()
         check_train_batch(data)
         batch = dict(data)
+        if not loss_needs_prev_logprobs(loss_fn) and "prev_logprobs" not in batch:
+            # NeMo-RL's train data carries prev/generation log-probs for every loss; one that never reads them
+            # (the SFT baseline's NLL) gets zeros instead of a wasted log-prob pass
+            batch["prev_logprobs"] = torch.zeros_like(batch["token_mask"], dtype=torch.float32)
         if loss_needs_reference_logprobs(loss_fn) and "reference_policy_logprobs" not in batch:
-            self.session.policy.prepare_for_lp_inference()
+            self.session.to_inference()
             batch["reference_policy_logprobs"] = self.reference_logprobs(batch)
         train_data, rows = to_nemo_train_batch(
             batch, self.dp_size, self.micro_batch, self.seq_multiple, self.pad_id, self.behaviour_ratio,

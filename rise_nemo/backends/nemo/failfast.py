@@ -1,0 +1,111 @@
+"""Fail fast on the cluster path: an exception ends the process in bounded time with one line on stderr.
+
+On ``backend: nemo`` the driver owns Ray actors (NeMo-RL's policy, vLLM and value worker groups) and NeMo-RL
+starts threads of its own. When one worker raises, its peers can stay blocked in a collective, and a Python
+driver that returns normally then waits at exit for non-daemon threads and Ray's atexit shutdown: the
+process never ends, and on Slurm the job holds every node until its time limit (issue 21). ``fail_fast``
+turns any exception that escapes the command into:
+
+- one line on stderr (``rise-nemo train: RayTaskError(RuntimeError): ...``; a user error keeps the CLI's
+  own format and exit code 2), the full traceback appended to ``<run dir>/train.log`` when the run
+  directory exists;
+- ``ray.shutdown()`` with a bound (``shutdown_timeout_s``), so the driver's actors and, for a driver that
+  started its own Ray, the local raylet go away;
+- ``os._exit`` with a non-zero status: no wait for stuck threads or atexit handlers.
+
+Nothing in the run directory is deleted or rewritten: checkpoints written before the failure stay, and
+``rise-nemo train`` resumes from the newest one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+SHUTDOWN_TIMEOUT_S = 60.0
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of the message``. A Ray task error (``RayTaskError(X)``, its message the remote
+    traceback) names the remote function and the remote exception's own first line."""
+    where = ""
+    cause = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError: the worker's exception
+    if isinstance(cause, BaseException):
+        where = f" in {getattr(exc, 'function_name', 'a Ray worker')}"
+        text = str(cause)
+    else:
+        text = str(exc)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text).strip()  # Ray colours the remote function name
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}{where}: {first}" if first else f"{type(exc).__name__}{where}"
+
+
+def shutdown_ray(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:
+    """``ray.shutdown()`` in a daemon thread, waited for at most ``timeout_s``; True when it finished (or Ray
+    was never started in this process)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return True
+    done = threading.Event()
+
+    def stop() -> None:
+        try:
+            ray.shutdown()
+        finally:
+            done.set()
+
+    threading.Thread(target=stop, name="rise-ray-shutdown", daemon=True).start()
+    return done.wait(timeout_s)
+
+
+def _append_traceback(run_dir: Path | None, exc: BaseException) -> Path | None:
+    if run_dir is None or not Path(run_dir).is_dir():
+        return None
+    log = Path(run_dir) / "train.log"
+    try:
+        with open(log, "a") as fh:
+            fh.write("rise-nemo: the run failed; traceback:\n")
+            fh.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    except OSError:
+        return None
+    return log
+
+
+@contextlib.contextmanager
+def fail_fast(command: str, run_dir: Callable[[], Path | None] = lambda: None,
+              user_errors: tuple[type[BaseException], ...] = (),
+              shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S, exit: Callable[[int], None] = os._exit) -> Iterator[None]:
+    """Run the body; on any exception print one line, shut Ray down (bounded) and ``exit`` non-zero.
+
+    ``run_dir``: called after the failure, the run directory to append the traceback to (None: nowhere).
+    ``exit``: ``os._exit`` (tests pass a recorder)."""
+    try:
+        yield
+    except BaseException as exc:  # noqa: BLE001 - every failure must end the process
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            code = 0
+        else:
+            code = 2 if isinstance(exc, user_errors) else 130 if isinstance(exc, KeyboardInterrupt) else 1
+        where = None
+        if code != 0:
+            try:
+                where = _append_traceback(run_dir(), exc)
+            except Exception:  # noqa: BLE001 - reporting must not block the exit
+                where = None
+            message = str(exc) if code == 2 else one_line(exc)
+            hint = f" (traceback in {where})" if where is not None else ""
+            print(f"{command}: {message}{hint}", file=sys.stderr)
+        stopped = shutdown_ray(shutdown_timeout_s)
+        if not stopped:
+            print(f"{command}: ray.shutdown() did not finish within {shutdown_timeout_s:g} s; exiting anyway",
+                  file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        exit(code)
+        raise  # only reached when ``exit`` returns (tests)

@@ -1,0 +1,152 @@
+"""Issue 21 defect 6: `rise-nemo train` on the nemo backend ends in bounded time after a Ray worker raises.
+
+The real command runs in a subprocess (the CLI entry point, the recipe, the real orchestration) with the nemo
+backend's Policy/Generator over the CPU stand-ins (cpu_nemo.py) whose training goes through a Ray actor on a
+private local Ray; the actor raises at step 2, as a NeMo-RL worker does when it fails. The driver also holds
+what made the real run hang: a non-daemon thread that never returns (a worker-group thread blocked in a
+collective whose peer died), so a normal interpreter exit waits forever. The process must exit non-zero with
+ONE line on stderr, Ray shut down (the driver's raylet gone), and the run directory intact: step 1's
+checkpoint complete, the traceback in train.log.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from cpu_nemo import make_prompts, write_jsonl  # noqa: E402
+
+from rise_nemo.orchestration.rundir import RunDirLock  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+BOUND_S = 240  # generous: the run itself takes seconds; a hang never ends
+
+DRIVER = textwrap.dedent('''
+    import sys, threading
+    sys.path.insert(0, {tests!r})
+    import ray
+
+    import rise_nemo.backends.nemo as nemo_backend
+    from test_backend_cpu import make_backend
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def train(self, step):
+            if step >= 2:
+                raise RuntimeError("worker 0 died: CUDA error: an illegal memory access was encountered")
+            return step
+
+    def build_backend(cfg, checkpoint=None, train_prompts=None):
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+        with open({pid_file!r}, "w") as fh:
+            fh.write(str(ray._private.worker.global_worker.node.all_processes["raylet"][0].process.pid))
+        policy, generator, *_ = make_backend()
+        worker, inner, calls = Worker.remote(), policy.session.policy.train, []
+
+        def train(data, loss_fn, gbs=None, mbs=None):
+            calls.append(1)
+            ray.get(worker.train.remote(len(calls)))  # NeMo-RL's worker groups: ray.get on the workers' futures
+            return inner(data, loss_fn, gbs=gbs, mbs=mbs)
+
+        policy.session.policy.train = train
+        threading.Thread(target=threading.Event().wait, name="stuck-collective").start()
+        return policy, generator
+
+    nemo_backend.build_backend = build_backend
+    from rise_nemo.cli import main
+    sys.exit(main(sys.argv[1:]))
+''')
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return False
+
+
+def _started_in(cwd: Path) -> list[int]:
+    """Live processes whose working directory is ``cwd``: the driver and every Ray process it started."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if Path(os.readlink(proc / "cwd")).resolve() == cwd.resolve() and _alive(int(proc.name)):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_train_exits_after_a_ray_worker_raises(tmp_path):
+    run_dir, pid_file = tmp_path / "run", tmp_path / "raylet.pid"
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(tests=str(Path(__file__).parent), pid_file=str(pid_file)))
+    train = write_jsonl(tmp_path / "train.jsonl", make_prompts(4))
+    evalp = write_jsonl(tmp_path / "eval.jsonl", make_prompts(2, 4))
+    overrides = [
+        f"run.dir={run_dir}", "grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.max_new_tokens=10",
+        "rise.privileged_group_size=4", "rise.schedule.mode=fixed", "reward.overlong_buffer=0", "train.steps=3",
+        "train.checkpoint_every=1", "train.progress=false", "train.tensorboard=false", "eval.every=0",
+        "eval.at_start=false", f"data.train_path={train}", f"data.eval_path={evalp}", "judge={type: rule}",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env.pop("RAY_ADDRESS", None)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    try:
+        proc = subprocess.run([sys.executable, str(driver), "train", "--config", str(REPO / "recipes" / "rise_4b.yaml"),
+                               *overrides],
+                              capture_output=True, text=True, timeout=BOUND_S, env=env, cwd=work)
+    except subprocess.TimeoutExpired as exc:
+        for pid in _started_in(work):  # the hung driver is killed by subprocess.run; its Ray daemons are not
+            os.kill(pid, 9)
+        pytest.fail(f"rise-nemo train still running {BOUND_S} s after its Ray worker raised (stderr: {exc.stderr!r})")
+    leftovers = _started_in(work)
+    for pid in leftovers:
+        os.kill(pid, 9)
+    assert not leftovers, f"processes of the failed run still alive: {leftovers}"
+    assert proc.returncode == 1, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith(("[", "20"))]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("rise-nemo train: RayTaskError") and "illegal memory access" in lines[0], lines
+    assert f"traceback in {run_dir / 'train.log'}" in lines[0]
+    assert not _alive(int(pid_file.read_text())), "the driver's raylet outlived the failed run"
+    log = (run_dir / "train.log").read_text()
+    assert "Traceback" in log and "illegal memory access" in log
+    RunDirLock(run_dir).acquire().release()  # the run directory is not left locked: a resume can start
+    assert (run_dir / "checkpoints").is_dir()
+    from rise_nemo.orchestration import checkpoint as ckpt
+
+    latest = ckpt.latest_checkpoint(run_dir)  # what the resumed run starts from: step 1's, complete
+    assert latest is not None and latest.name == "step_000001", latest
+
+
+def test_fail_fast_codes_and_one_line_messages(tmp_path, capsys):
+    """A user error keeps the CLI's exit code 2 and message; any other exception exits 1 with its type and first
+    line; the traceback goes to the run directory's train.log; a clean body exits nothing."""
+    from rise_nemo.backends.nemo.failfast import fail_fast
+    from rise_nemo.errors import UserError
+
+    codes: list[int] = []
+    with pytest.raises(UserError), fail_fast("rise-nemo train", run_dir=lambda: tmp_path,
+                                             user_errors=(UserError,), exit=codes.append):
+        raise UserError("recipe key data.train_path: no such file")
+    with pytest.raises(ValueError), fail_fast("rise-nemo train", run_dir=lambda: tmp_path / "absent",
+                                              exit=codes.append):
+        raise ValueError("first line\nsecond line")
+    with fail_fast("rise-nemo train", exit=codes.append):
+        pass
+    assert codes == [2, 1]
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"rise-nemo train: recipe key data.train_path: no such file (traceback in {tmp_path / 'train.log'})",
+                   "rise-nemo train: ValueError: first line"]
+    assert "UserError" in (tmp_path / "train.log").read_text()
