@@ -2,7 +2,7 @@
 
 A row is ``{"chosen": transcript, "rejected": transcript}``, each transcript a dialogue of
 ``"\\n\\nHuman: ..."`` / ``"\\n\\nAssistant: ..."`` turns that differ only in the last Assistant turn. The
-prompt is the transcript up to the last ``"Assistant:"`` (issue 25, as the RRL paper's RLHF setting and
+prompt is the transcript up to the last ``"Assistant:"`` (as the RRL paper's RLHF setting and
 NeMo-RL's / TRL's HH preprocessing use it), as chat messages (Human -> user, Assistant -> assistant) ending
 with the user's turn; ``chosen`` / ``rejected`` are the two last Assistant turns. Rows whose transcripts
 differ before that turn, have no Assistant turn or no Human turn before it fail with ``file:line`` and the

@@ -51,7 +51,7 @@ def check_granularity(cfg: Any, problems: Sequence[Any]) -> None:
     """``rrl.granularity`` must be able to cut the training data: with ``line`` some reference solution has a
     line break inside it, with ``step`` some has ``rrl.step_marker`` after its start. Otherwise no state could
     ever be stored (a reference without cut points gives none, and the policy writes like the references): a
-    one-line error naming the key instead of an RRL run that silently is PPO (issue 22 item 11)."""
+    one-line error naming the key instead of an RRL run that silently is PPO."""
     granularity, marker = str(cfg.rrl.granularity), str(cfg.rrl.step_marker)
     refs = [str(getattr(p, "reference_solution", "") or "").strip() for p in problems]
     if granularity == "token" or not refs:

@@ -3,7 +3,7 @@
 On ``backend: nemo`` the driver owns Ray actors (NeMo-RL's policy, vLLM and value worker groups) and NeMo-RL
 starts threads of its own. When one worker raises, its peers can stay blocked in a collective, and a Python
 driver that returns normally then waits at exit for non-daemon threads and Ray's atexit shutdown: the
-process never ends, and on Slurm the job holds every node until its time limit (issue 21). ``fail_fast``
+process never ends, and on Slurm the job holds every node until its time limit. ``fail_fast``
 turns any exception that escapes the command into:
 
 - one line on stderr (``rise-nemo train: RayTaskError(RuntimeError): ...``; a user error keeps the CLI's
