@@ -137,16 +137,44 @@ def test_fail_fast_codes_and_one_line_messages(tmp_path, capsys):
     from rise_nemo.errors import UserError
 
     codes: list[int] = []
-    with pytest.raises(UserError), fail_fast("rise-nemo train", run_dir=lambda: tmp_path,
+    with pytest.raises(UserError), fail_fast("rise-nemo train", run_dir=lambda: tmp_path, must_exit=lambda: True,
                                              user_errors=(UserError,), exit=codes.append):
         raise UserError("recipe key data.train_path: no such file")
     with pytest.raises(ValueError), fail_fast("rise-nemo train", run_dir=lambda: tmp_path / "absent",
-                                              exit=codes.append):
+                                              must_exit=lambda: True, exit=codes.append):
         raise ValueError("first line\nsecond line")
-    with fail_fast("rise-nemo train", exit=codes.append):
+    with fail_fast("rise-nemo train", must_exit=lambda: True, exit=codes.append):
         pass
     assert codes == [2, 1]
     err = capsys.readouterr().err.splitlines()
     assert err == [f"rise-nemo train: recipe key data.train_path: no such file (traceback in {tmp_path / 'train.log'})",
                    "rise-nemo train: ValueError: first line"]
     assert "UserError" in (tmp_path / "train.log").read_text()
+
+
+def test_fail_fast_lets_an_error_propagate_when_nothing_can_hang(tmp_path, capsys):
+    """Before Ray or any worker thread started (a refused recipe), the error propagates as usual and nothing
+    calls ``exit``: ``rise-nemo train`` run in-process (``cli.main``, as tests do) must not end the caller.
+    With a non-daemon thread alive the hard exit is taken."""
+    import threading
+
+    from rise_nemo.backends.nemo.failfast import could_hang, fail_fast
+    from rise_nemo.errors import UserError
+
+    codes: list[int] = []
+    assert not could_hang()
+    with pytest.raises(UserError), fail_fast("rise-nemo train", run_dir=lambda: tmp_path, user_errors=(UserError,),
+                                             exit=codes.append):
+        raise UserError("config key 'x': refused")
+    assert codes == [] and capsys.readouterr().err == ""
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait)  # non-daemon, like a NeMo-RL thread blocked in a collective
+    worker.start()
+    try:
+        assert could_hang()
+        with pytest.raises(ValueError), fail_fast("rise-nemo train", exit=codes.append):
+            raise ValueError("stuck")
+        assert codes == [1]
+    finally:
+        release.set()
+        worker.join()

@@ -13,6 +13,10 @@ turns any exception that escapes the command into:
   started its own Ray, the local raylet go away;
 - ``os._exit`` with a non-zero status: no wait for stuck threads or atexit handlers.
 
+Only when something could keep the process alive (Ray initialised in this process, or a live non-daemon
+thread besides the main one): an error raised before any of that started (a refused recipe, say) propagates
+as usual, so a caller that runs the command in-process (tests, notebooks) is not ended with it.
+
 Nothing in the run directory is deleted or rewritten: checkpoints written before the failure stay, and
 ``rise-nemo train`` resumes from the newest one.
 """
@@ -64,6 +68,16 @@ def shutdown_ray(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:
     return done.wait(timeout_s)
 
 
+def could_hang() -> bool:
+    """Whether a normal return could leave the process waiting: Ray is initialised here, or a non-daemon thread
+    other than the main one is alive (Python joins those at exit)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return True
+    main = threading.main_thread()
+    return any(t.is_alive() and not t.daemon and t is not main for t in threading.enumerate())
+
+
 def _append_traceback(run_dir: Path | None, exc: BaseException) -> Path | None:
     if run_dir is None or not Path(run_dir).is_dir():
         return None
@@ -80,14 +94,18 @@ def _append_traceback(run_dir: Path | None, exc: BaseException) -> Path | None:
 @contextlib.contextmanager
 def fail_fast(command: str, run_dir: Callable[[], Path | None] = lambda: None,
               user_errors: tuple[type[BaseException], ...] = (),
-              shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S, exit: Callable[[int], None] = os._exit) -> Iterator[None]:
-    """Run the body; on any exception print one line, shut Ray down (bounded) and ``exit`` non-zero.
+              shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S, exit: Callable[[int], None] = os._exit,
+              must_exit: Callable[[], bool] = could_hang) -> Iterator[None]:
+    """Run the body; on any exception print one line, shut Ray down (bounded) and ``exit`` non-zero, when
+    ``must_exit()`` says the process could otherwise hang; else the exception propagates unchanged.
 
     ``run_dir``: called after the failure, the run directory to append the traceback to (None: nowhere).
     ``exit``: ``os._exit`` (tests pass a recorder)."""
     try:
         yield
     except BaseException as exc:  # noqa: BLE001 - every failure must end the process
+        if not must_exit():
+            raise  # nothing can keep the process alive: the caller's own error handling ends it
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             code = 0
         else:
