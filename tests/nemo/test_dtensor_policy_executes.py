@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT / "tests" / "judges"))
 
 import cpu_harness  # noqa: E402
 
-ROWS, WIDTH = 4, 12
+ROWS, NATURAL, WIDTH = 6, 4, 12  # 4 natural + 2 guided rows (RISE-RL's guided branch)
+GLOBAL_BATCH = 8  # NemoPolicy pads to it: a micro-batch of padding rows only
 
 
 def _policy_config(model_dir: Path) -> dict:
@@ -44,7 +45,7 @@ def _policy_config(model_dir: Path) -> dict:
     policy = OmegaConf.to_container(cfg.policy, resolve=True)
     policy.update(
         model_name=str(model_dir), tokenizer={"name": str(model_dir), "chat_template_kwargs": None},
-        train_global_batch_size=ROWS, train_micro_batch_size=2, logprob_batch_size=2,
+        train_global_batch_size=GLOBAL_BATCH, train_micro_batch_size=2, logprob_batch_size=2,
         max_total_sequence_length=32, precision="float32", make_sequence_length_divisible_by=1,
     )
     policy["dtensor_cfg"].update(_v2=False, enabled=True, cpu_offload=False, activation_checkpointing=False)
@@ -105,19 +106,19 @@ def _build_policy(model_dir: Path, resume: Path | None):
 def _batch(vocab: int):
     import torch
 
-    from rise_nemo.interfaces import KIND_NATURAL
+    from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL
 
     g = torch.Generator().manual_seed(0)
     input_ids = torch.randint(3, vocab, (ROWS, WIDTH), generator=g)
-    lengths = torch.tensor([12, 10, 12, 8])
+    lengths = torch.tensor([12, 10, 12, 8, 12, 9])
     token_mask = torch.zeros(ROWS, WIDTH)
     for i, n in enumerate(lengths.tolist()):
         token_mask[i, 4:n] = 1.0  # prompt = the first 4 tokens, response after
         input_ids[i, n:] = 0
     return {
         "input_ids": input_ids, "input_lengths": lengths, "token_mask": token_mask,
-        "sample_mask": torch.ones(ROWS), "kind": torch.full((ROWS,), KIND_NATURAL),
-        "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]),
+        "sample_mask": torch.ones(ROWS), "kind": torch.tensor([KIND_NATURAL] * NATURAL + [KIND_GUIDED] * (ROWS - NATURAL)),
+        "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5, 0.8, 0.3]),  # natural: eq. 1; guided: A_ref (eq. 7)
     }
 
 
@@ -126,8 +127,9 @@ def test_real_dtensor_policy_logprobs_train_save_resume(tmp_path, ray_private):
     from tiny_qwen3 import build
     from transformers import AutoModelForCausalLM
 
+    from rise_nemo.backends.nemo.batch import attach_global_counts
     from rise_nemo.backends.nemo.checkpoints import policy_dir
-    from rise_nemo.core.losses import ObjectiveConfig, make_policy_loss
+    from rise_nemo.core.losses import ObjectiveConfig, make_policy_loss, rise_objective
 
     model_dir = build(tmp_path / "tiny_qwen3", vocab_size=512)
     vocab = AutoModelForCausalLM.from_pretrained(model_dir).config.vocab_size
@@ -150,21 +152,27 @@ def test_real_dtensor_policy_logprobs_train_save_resume(tmp_path, ray_private):
 
         # one train step with our GRPO loss adapter (RiseLossFunction around make_policy_loss)
         batch = dict(data, prev_logprobs=before)
-        metrics = nemo_policy.train(batch, make_policy_loss(ObjectiveConfig(lambda_guide=0.0)))
+        cfg = ObjectiveConfig(lambda_guide=0.05)
+        metrics = nemo_policy.train(batch, make_policy_loss(cfg))
         assert torch.isfinite(torch.tensor(metrics["loss"])), metrics
-        # at ratio 1 the clipped PG loss is -sum(A_i x response tokens_i) / all response tokens (eq. 12): the
-        # worker's two micro-batches, each normalised by our global count, must sum to exactly that
-        tokens = data["token_mask"].sum(1)
-        expected_loss = float(-(data["advantages"] * tokens).sum() / tokens.sum())
-        assert metrics["loss"] == pytest.approx(expected_loss, abs=1e-5), metrics
+        # the worker's four micro-batches (the last one padding only), each normalised by our global counts,
+        # sum to eq. 12 on the whole unsplit batch at the same log-probs (ratio 1: the first step's weights)
+        unsplit = attach_global_counts(dict(batch, token_mask=data["token_mask"], sample_mask=data["sample_mask"]))
+        expected_loss, expected_metrics = rise_objective(before, unsplit, cfg)
+        assert metrics["loss"] == pytest.approx(float(expected_loss), abs=1e-5), metrics
+        assert metrics["loss/guide"] == pytest.approx(expected_metrics["loss/guide"], abs=1e-5), metrics
+        assert expected_metrics["loss/guide"] > 0 and expected_metrics["loss/pg"] != 0  # both terms act
+        # and independently of our code: at ratio 1 the PG term is -sum(A_i x tokens_i) / natural tokens
+        tokens, adv = data["token_mask"][:NATURAL].sum(1), data["advantages"][:NATURAL]
+        assert metrics["loss/pg"] == pytest.approx(float(-(adv * tokens).sum() / tokens.sum()), abs=1e-5), metrics
         assert metrics["policy/grad_norm"] > 0, metrics
-        assert metrics["nemo/train_rows"] == ROWS and metrics["nemo/padded_rows"] == 0
+        assert metrics["nemo/train_rows"] == ROWS and metrics["nemo/padded_rows"] == GLOBAL_BATCH - ROWS
         after = nemo_policy.get_logprobs(data)
         assert (after[valid] - before[valid]).abs().max() > 1e-3, "the weights did not change"
-        # every row's response log-prob moves in its advantage's direction (lr 1e-2, one Adam step; margins ~2-9 nats)
+        # every natural row's response log-prob moves in its advantage's direction (lr 1e-2, one Adam step; margins ~2-9 nats)
         mask = data["token_mask"].bool()
         gain = ((after - before) * mask).sum(1)
-        assert torch.equal(torch.sign(gain), torch.sign(data["advantages"])), gain
+        assert torch.equal(torch.sign(gain[:NATURAL]), torch.sign(data["advantages"][:NATURAL])), gain
 
         # save_checkpoint: our layout <ckpt>/policy/{weights,optimizer,tokenizer} through the real DCP save
         ckpt = tmp_path / "checkpoints" / "step_000001"
