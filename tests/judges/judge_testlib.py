@@ -19,7 +19,7 @@ def make_judge(urls, mode="batched", **overrides) -> HttpJudge:
         "base_urls": urls if isinstance(urls, list) else [urls],
         "batch_size": 4,
         "max_concurrency": 16,
-        "timeout_s": 2.0,
+        "timeout_s": 300.0,  # generous: call counts must not depend on load; timeout tests set their own
         "max_attempts": 6,
         "backoff_base_s": 0.01,
         "backoff_max_s": 0.2,

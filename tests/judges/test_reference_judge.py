@@ -23,7 +23,9 @@ TAG = "0a1b2c3d"
 
 
 def _judge(url, **overrides):
-    cfg = {"type": "http", "model": "rule-grader", "base_urls": [url], "max_concurrency": 8, "timeout_s": 2.0,
+    # A generous per-attempt timeout: the call counts below (one call per rollout) must not depend on how fast
+    # the loopback server answers on a loaded machine (2 s timed out beside 4 CPU hogs: 28 calls for 20).
+    cfg = {"type": "http", "model": "rule-grader", "base_urls": [url], "max_concurrency": 8, "timeout_s": 300.0,
            "max_attempts": 3, "backoff_base_s": 0.01, "backoff_max_s": 0.05, **overrides}
     return build_reference_judge(cfg)
 
