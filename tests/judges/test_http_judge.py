@@ -361,11 +361,11 @@ def test_structured_outputs_fallback_and_off(server):
     with make_judge(server.url, "batched", structured_outputs="on", cache=False) as judge:
         with pytest.raises(JudgeError, match="structured_outputs to auto or off"):
             judge.judge(reqs)  # "on" means required: a server without it is a configuration error
-    server.grader.supports_response_format = True
-    before = server.grader.with_response_format
-    with make_judge(server.url, "batched", structured_outputs="off", cache=False) as judge:
-        judge.judge(reqs)
-    assert server.grader.with_response_format == before
+    # A fresh server for "off": calls the failed "on" judge had already written to its socket may still
+    # reach the shared server after judge() raised (the client cancels them, the server still reads them).
+    with RuleGraderServer() as supports, make_judge(supports.url, "batched", structured_outputs="off") as judge:
+        assert judge.judge(reqs) == expected(reqs)
+        assert supports.grader.requests > 0 and supports.grader.with_response_format == 0
 
 
 # --------------------------------------------------------------------------------------------------
