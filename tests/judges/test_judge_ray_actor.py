@@ -17,7 +17,7 @@ BUILDER = "rise_nemo.judges.http:build_http_judge"
 
 def _cfg(url: str, **extra) -> dict:
     return {"type": "http", "mode": "batched", "model": "rule-grader", "base_urls": [url],
-            "batch_size": 3, "backoff_base_s": 0.01, "ray_actor": True, "ray_num_cpus": 0.25,
+            "batch_size": 3, "timeout_s": 300.0, "backoff_base_s": 0.01, "ray_actor": True, "ray_num_cpus": 0.25,
             "ray_timeout_s": 900.0, "ray_start_timeout_s": 900.0, **extra}
 
 # Generous bounds, never timings: on a loaded 2-core machine (CI beside 4 CPU hogs) starting the actor's
