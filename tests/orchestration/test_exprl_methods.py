@@ -108,7 +108,7 @@ def test_process_step_puts_segment_advantages_on_every_token_and_excludes_unknow
     adv, mask = captured["token_advantages"], captured["token_mask"].bool()
     assert torch.all(adv[~mask] == 0)
     assert float(captured["advantages"].abs().sum()) == 0.0  # no group normalisation: token advantages only
-    from rise_nemo.tasks.reasoning import reference_segment_scores
+    from rise_nemo.data.chain_task import reference_segment_scores
 
     tok = exprl.find_tokenizer(ctx.generator)
     row = 0
@@ -137,7 +137,7 @@ def test_process_advantages_match_the_formula_for_a_known_rollout(trainer_for):
     scored = exprl.reference_scores(ctx, [p], [[r, trunc]])
     spans, texts = exprl.rollout_segments(exprl.find_tokenizer(gen), r, "step")
     assert len(spans) == p.difficulty and texts[0].startswith("step a")
-    from rise_nemo.tasks.reasoning import reference_segment_scores
+    from rise_nemo.data.chain_task import reference_segment_scores
 
     s = [(x - 1) / 4 for x in reference_segment_scores(p.reference_solution, texts, "prefix")]
     want = [s[0] - s[-1]] + [s[k] - s[k - 1] for k in range(1, len(s))]

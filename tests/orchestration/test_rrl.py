@@ -14,12 +14,12 @@ from tiny_task import chain_recipe
 from rise_nemo.config import config_from_dict
 from rise_nemo.config.loader import ConfigError
 from rise_nemo.core.logprobs import token_logprobs
+from rise_nemo.data.chain_task import step_prefixes
 from rise_nemo.orchestration import checkpoint as ckpt
 from rise_nemo.orchestration.reasoning_step import reasoning_train_step
 from rise_nemo.orchestration.run import build_trainer
 from rise_nemo.orchestration.step import make_policy_loss_fn
 from rise_nemo.orchestration.trainer import read_metrics
-from rise_nemo.tasks.reasoning import step_prefixes
 
 # Two training problems (one per level), two per step: every step revisits both, so states replay from step 2.
 DATA = {"source": "chain_arithmetic", "warm_start_cache": None,
@@ -201,10 +201,10 @@ def test_default_granularity_cuts_real_solutions_and_one_that_cuts_nothing_is_re
     import dataclasses
 
     from rise_nemo.core.replay import state_boundaries
+    from rise_nemo.data.chain_task import make_chain_task
     from rise_nemo.data.reasoning import load_reasoning_problems
     from rise_nemo.errors import UserError
     from rise_nemo.orchestration.rrl import check_granularity
-    from rise_nemo.tasks.reasoning import make_chain_task
 
     gsm8k = load_reasoning_problems(Path(__file__).parents[1] / "data" / "fixtures" / "gsm8k_test_first8.jsonl").problems
     default = config_from_dict({"method": "rrl"})
