@@ -22,7 +22,6 @@ from typing import Literal
 import torch
 
 from rise_nemo.core.loss_defaults import LOSS_DEFAULTS, loss_rule_violations
-from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL
 
 __all__ = [
     "ObjectiveConfig",
@@ -36,6 +35,10 @@ __all__ = [
     "make_policy_loss",
     "loss_needs_reference_logprobs",
 ]
+
+# The data column ``kind`` [B]: which rows are natural rollouts (clipped PG) and which guided (eq. 11).
+KIND_NATURAL = 0
+KIND_GUIDED = 1
 
 TokenWeighting = Literal["policy_support", "uniform"]
 

@@ -30,8 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rise_nemo.planner.layout import MEGATRON, GenerationLayout, JudgeLayout, PolicyLayout, get
+from rise_nemo.planner.layout import MEGATRON, GenerationLayout, JudgeLayout, PolicyLayout
 from rise_nemo.planner.models import ModelShape
+from rise_nemo.recipe_keys import get
 
 GIB = 1024**3
 RUNTIME_OVERHEAD_GIB = 4.0  # CUDA context, NCCL buffers, allocator fragmentation of one training process
@@ -124,7 +125,7 @@ def critic_terms(value_tree: Mapping[str, Any], critic: PolicyLayout) -> list[Te
     trained while vLLM sleeps and with the policy's weights, grads and optimizer off the GPUs: the nemo
     backend offloads the policy before the value model loads (``NemoSession.offload_policy``), as NeMo-RL's
     ppo.py has it offloaded then (``finish_inference``, ppo.py:1204; value training first, :1255-1287).
-    ``value_tree`` holds the critic's full config under ``nemo.value`` (``backends.nemo.config.value_config``)."""
+    ``value_tree`` holds the critic's full config under ``nemo.value`` (``planner.critic.value_config``)."""
     return training_terms(value_tree, critic, "nemo.value", phase="critic", who="critic", outputs=1)
 
 

@@ -134,8 +134,9 @@ def test_value_config_from_the_ppo_recipe_is_a_full_value_config(tmp_path, monke
     from nemo_rl.models.value.config import ValueConfig
 
     from rise_nemo.backends.nemo import plain_recipe
-    from rise_nemo.backends.nemo.config import build_master_config, value_config
+    from rise_nemo.backends.nemo.config import build_master_config
     from rise_nemo.config.loader import load_config
+    from rise_nemo.planner.critic import value_config
 
     nemo_dir = Path(nemo_rl.__file__).resolve().parents[1]
     if not (nemo_dir / "examples" / "configs").exists():
