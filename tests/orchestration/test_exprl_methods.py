@@ -18,6 +18,7 @@ from rise_nemo.methods import get_method
 from rise_nemo.orchestration import exprl
 from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
 from rise_nemo.orchestration.run import build_trainer
+from rise_nemo.orchestration.tokens import find_tokenizer
 from rise_nemo.orchestration.trainer import read_metrics
 
 
@@ -110,7 +111,7 @@ def test_process_step_puts_segment_advantages_on_every_token_and_excludes_unknow
     assert float(captured["advantages"].abs().sum()) == 0.0  # no group normalisation: token advantages only
     from rise_nemo.data.chain_task import reference_segment_scores
 
-    tok = exprl.find_tokenizer(ctx.generator)
+    tok = find_tokenizer(ctx.generator)
     row = 0
     for i, p in enumerate(problems):
         for j, text in enumerate([p.reference_solution, p.reference_solution.replace(" = ", " = 1", 1),
@@ -135,7 +136,7 @@ def test_process_advantages_match_the_formula_for_a_known_rollout(trainer_for):
     r = Rollout(list(p.messages), gen.encode_prompt(list(p.messages)), ids, gen.decode_response(ids), [0.0] * len(ids))
     trunc = Rollout(list(p.messages), r.prompt_token_ids, ids[:3], gen.decode_response(ids[:3]), [0.0] * 3, finished=False)
     scored = exprl.reference_scores(ctx, [p], [[r, trunc]])
-    spans, texts = exprl.rollout_segments(exprl.find_tokenizer(gen), r, "step")
+    spans, texts = exprl.rollout_segments(find_tokenizer(gen), r, "step")
     assert len(spans) == p.difficulty and texts[0].startswith("step a")
     from rise_nemo.data.chain_task import reference_segment_scores
 

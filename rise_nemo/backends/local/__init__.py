@@ -17,7 +17,7 @@ naming the key. The policy and generator share one model (``policy.engine is gen
 generation after ``train`` samples from the updated weights.
 
 Extras beyond interfaces.Policy / Generator (used by the warm start and checkpoints):
-``generator.encode_response(text)`` (ids + EOS), ``policy.reset_optimizer(lr=None)``,
+``generator.encode_response(text)`` (ids + EOS), ``policy.reset_optimizer(lr=None)``, ``policy.begin_stage()``,
 ``policy.save_pretrained(path)``, ``policy.tokenizer``, ``policy.engine.fingerprint()``.
 """
 
