@@ -30,7 +30,7 @@ from rise_nemo.judges.reference import ScoreRequest
 from rise_nemo.orchestration.tokens import encode_response, find_tokenizer
 
 # method.reward values (rise_nemo.methods)
-REWARD_VERIFIER, REWARD_OUTCOME, REWARD_PROCESS = "verifier", "reference_outcome", "reference_process"
+REWARD_OUTCOME, REWARD_PROCESS = "reference_outcome", "reference_process"
 REWARD_SELF_DISTILLATION, REWARD_SFT = "self_distillation", "sft"
 
 

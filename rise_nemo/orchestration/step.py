@@ -318,13 +318,6 @@ def feedback_indices(
     return list(select_feedback(criterion_priority(z, weights), failures, top_m))
 
 
-def feedback_criteria(
-    prompt: RubricPrompt, verdicts: list[list[Verdict]], valid: torch.Tensor, top_m: int | None
-) -> list[Criterion]:
-    """Eqs. 4-5 as criteria (see feedback_indices)."""
-    return [prompt.rubric.criteria[k] for k in feedback_indices(prompt, verdicts, valid, top_m)]
-
-
 def valid_verdicts(verdicts: Sequence[Sequence[Verdict]], valid: torch.Tensor) -> torch.Tensor:
     """bool [G_valid, K] of the valid responses' verdicts (unknown verdicts only occur in invalid rows)."""
     rows = [[bool(v) for v in verdicts[j]] for j in range(len(verdicts)) if bool(valid[j])]
@@ -452,7 +445,6 @@ def guided_samples(
                                    float(a_ref[t, j] * scale[j]), [0.0] * len(r.response_token_ids),
                                    sampled_under_train_prompt=False, source=(True, t, j), loss_mask=mask))
     valid_refs = a_ref[priv.valid]
-    mean = statistics_mean
     stats = {
         "guidance/retained": len(out),
         "guidance/retained_frac": len(out) / max(1, int(priv.valid.sum())),
@@ -464,8 +456,8 @@ def guided_samples(
         "guidance/masked_tokens": counts["masked_tokens"],
         "guidance/dropped_fully_masked": counts["fully_masked"],
         # hinted / natural mean response length (tokens) over the guided prompts; and of the retained ones
-        "guidance/length_ratio": _ratio(mean(priv_len), mean(nat_len)),
-        "guidance/length_ratio_retained": _ratio(mean(kept_len), mean(nat_len)),
+        "guidance/length_ratio": _ratio(statistics_mean(priv_len), statistics_mean(nat_len)),
+        "guidance/length_ratio_retained": _ratio(statistics_mean(kept_len), statistics_mean(nat_len)),
     }
     if dropped_by:
         # {criterion text: privileged responses failing it while most natural ones satisfy it}

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rise_nemo.planner.layout import MEGATRON, GenerationLayout, JudgeLayout, PolicyLayout
+from rise_nemo.planner.layout import GenerationLayout, JudgeLayout, PolicyLayout
 from rise_nemo.planner.models import ModelShape
 from rise_nemo.recipe_keys import get
 
@@ -179,10 +179,3 @@ def judge_terms(judge: JudgeLayout, gpu_mem_gib: float) -> tuple[list[Term], flo
     gen = GenerationLayout(True, judge.nodes * judge.gpus_per_node, judge.nodes, judge.tp, 1, "bfloat16", "auto",
                            judge.gpu_memory_utilization, judge.max_model_len)
     return vllm_pool_terms(gen, judge.model, gpu_mem_gib, "judge")
-
-
-def policy_training_fp8_note(tree: Mapping[str, Any]) -> str | None:
-    if not get(tree, f"{MEGATRON}.fp8_cfg.enabled", False, bool):
-        return None
-    return (f"FP8 {get(tree, f'{MEGATRON}.fp8_cfg.fp8', 'e4m3', str)} "
-            f"{get(tree, f'{MEGATRON}.fp8_cfg.fp8_recipe', 'blockwise', str)} training")

@@ -229,8 +229,9 @@ def test_rise_objective_ignores_inf_at_padding():
 
 
 def test_objective_config_validation():
-    with pytest.raises(ValueError, match="token_weighting"):
-        ObjectiveConfig(token_weighting="flat")
+    base, data = _batch()
+    with pytest.raises(ValueError, match="token_weighting must be 'policy_support' or 'uniform', got 'flat'"):
+        rise_objective(base, data, ObjectiveConfig(token_weighting="flat"))
     with pytest.raises(ValueError, match="gamma"):
         ObjectiveConfig(gamma=0.0)
 
