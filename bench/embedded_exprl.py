@@ -1,4 +1,4 @@
-"""ExpRL benchmark (issue 11) on the embedded chained-arithmetic task (docs/DESIGN.md §8).
+"""ExpRL benchmark on the embedded chained-arithmetic task (docs/DESIGN.md §8).
 
 Three arms with the SAME total step budget S1 + S2, from the same cached warm start, per seed:
 

@@ -93,7 +93,7 @@ class MethodSpec:
 
 
 def guidance_options(cfg: Any) -> GuidanceOptions:
-    """The issue-13 extensions from ``rise.retention`` / ``rise.gate`` (all off when rise.paper_faithful)."""
+    """Our extensions (docs/DESIGN.md §2) from ``rise.retention`` / ``rise.gate`` (all off when rise.paper_faithful)."""
     rise = cfg.rise
     r, g = rise.retention, rise.gate
     opts = GuidanceOptions(

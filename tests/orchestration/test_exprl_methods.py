@@ -171,7 +171,7 @@ def test_outcome_unknown_is_excluded_from_group_statistics_and_truncated_scores_
 @pytest.mark.parametrize("rule", ["judge", "zero"])
 @pytest.mark.parametrize("method", ["exprl_outcome", "exprl_process"])
 def test_truncated_rollouts_follow_one_rule_in_both_modes(trainer_for, method, rule):
-    """Issue 22 item 11. ``judge`` (the default): a truncated rollout is graded on what it wrote, like a
+    """``judge`` (the default): a truncated rollout is graded on what it wrote, like a
     finished one, in both modes: a truncated copy of a rollout gets the finished one's reward (outcome) and its
     segment advantages (process). ``zero`` (the embedded recipes' setting): no judge call, score 0, which is a
     reward of 0 in outcome mode and all-zero advantages in process mode."""

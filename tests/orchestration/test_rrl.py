@@ -73,7 +73,7 @@ def test_resume_with_a_non_empty_buffer_is_exact(tmp_path):
                 "diversity/ppl_variance"):
         assert key in a[-1], key
     rise_only = sorted({k for m in a for k in m if k == "loss/guide" or k.startswith("guide/")})
-    assert rise_only == [], rise_only  # issue 22 item 13: no RISE-only keys in RRL's metrics
+    assert rise_only == [], rise_only  # no RISE-only keys in RRL's metrics
 
 
 def test_replayed_state_tokens_get_zero_gradient_and_gae_starts_at_the_state(tmp_path):
@@ -195,7 +195,7 @@ def test_config_errors_name_the_key(override, key):
 
 
 def test_default_granularity_cuts_real_solutions_and_one_that_cuts_nothing_is_refused(tmp_path, caplog):
-    """Issue 22 item 11: the default cut a literal "step" marker, which real solutions (GSM8K) never write, so
+    """The default cut a literal "step" marker, which real solutions (GSM8K) never write, so
     no state was ever stored. The default is now line breaks; a granularity that cuts none of the training
     references is refused in one line naming the key, also through build_trainer."""
     import dataclasses
