@@ -10,8 +10,8 @@ for both), and ends with
     RESULT auc_ratio=<RISE/Rubric, worst seed> reward_gain=<RISE-Rubric final reward, worst seed> seeds=<n>
            step_ratio_guided=<x> step_ratio_after=<x> negative_gap=<RISE-Rubric final negative rate, worst seed>
 
-Rows ``rise_paper`` and ``rise+<option>`` are the ablations of our extensions (docs/DESIGN.md §2; see VARIANTS); ``rise`` is RISE-RL
-with the project's defaults, the method the RESULT line reports.
+Rows ``rise_paper`` and ``rise+<option>`` are the ablations of our extensions (docs/DESIGN.md §2; see
+VARIANTS); ``rise`` is RISE-RL with the project's defaults, the method the RESULT line reports.
 
 Usage: python bench/embedded_methods.py [--steps 24] [--eval-every 2] [--seeds 0 1 2] [--out DIR]
 The warm start is shared by all runs (cached under data.warm_start_cache); seeds change the sampling

@@ -1,5 +1,6 @@
 """Dotted keys (``nemo.policy.model_name``) over a plain recipe tree, for code that reads the tree without
-the schema (the planner, the nemo backend's ``nemo:`` block): a missing or mistyped key is one error naming it."""
+the schema (the planner, the nemo backend's ``nemo:`` block): a missing or mistyped key is one error naming
+it."""
 
 from __future__ import annotations
 

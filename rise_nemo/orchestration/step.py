@@ -93,7 +93,8 @@ class MethodSpec:
 
 
 def guidance_options(cfg: Any) -> GuidanceOptions:
-    """Our extensions (docs/DESIGN.md §2) from ``rise.retention`` / ``rise.gate`` (all off when rise.paper_faithful)."""
+    """Our extensions (docs/DESIGN.md §2) from ``rise.retention`` / ``rise.gate``; all off when
+    rise.paper_faithful."""
     rise = cfg.rise
     r, g = rise.retention, rise.gate
     opts = GuidanceOptions(

@@ -12,8 +12,8 @@ def find_tokenizer(generator: Any) -> Any:
         tok = getattr(owner, "tokenizer", None)
         if tok is not None:
             return tok
-    raise ValueError(f"{type(generator).__name__} exposes no tokenizer (ExpRL-Process segments rollouts with it, RRL "
-                     "cuts reference states with it)")
+    raise ValueError(f"{type(generator).__name__} exposes no tokenizer (ExpRL-Process segments rollouts "
+                     "with it, RRL cuts reference states with it)")
 
 
 def encode_response(generator: Any, text: str) -> list[int]:
