@@ -1,4 +1,4 @@
-"""ExpRL benchmark (issue 11) on the embedded chained-arithmetic task (docs/DESIGN.md §8).
+"""ExpRL benchmark on the embedded chained-arithmetic task (docs/DESIGN.md §8).
 
 Three arms with the SAME total step budget S1 + S2, from the same cached warm start, per seed:
 
@@ -64,7 +64,6 @@ def main() -> int:
     from rise_nemo.judges.rule_server import RuleGraderServer
     from rise_nemo.methods import get_method
     from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools
-    from rise_nemo.orchestration.pipeline import start_next_stage
     from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
     from rise_nemo.orchestration.reasoning_warm_start import evaluate_heldout, warm_started_backend
     from rise_nemo.orchestration.trainer import _pad_id
@@ -126,7 +125,7 @@ def main() -> int:
         judge = RuleReferenceJudge()
         m1 = train(c1, policy, generator, s1, seed, judge=judge)
         after1 = evaluate(cfg, generator, hard, args.samples)
-        start_next_stage(policy)
+        policy.begin_stage()
         c2 = config("grpo_chain_tiny_cpu.yaml", seed, *STAGE2)
         m2 = train(c2, policy, generator, s2, seed)
         final = evaluate(cfg, generator, top, args.final_samples)
@@ -150,7 +149,7 @@ def main() -> int:
         cfg, policy, generator, _ = fresh(seed)
         msft = train(config("sft_chain_tiny_cpu.yaml", seed), policy, generator, s1, seed)
         after_sft = evaluate(cfg, generator, hard, args.samples)
-        start_next_stage(policy)
+        policy.begin_stage()
         train(config("grpo_chain_tiny_cpu.yaml", seed, *STAGE2), policy, generator, s2, seed)
         final = evaluate(cfg, generator, top, args.final_samples)
         rec["sft_grpo"] = {"stage1_hard_pass8": pass8(after_sft), "stage1_step_accuracy": _step_acc(after_sft),

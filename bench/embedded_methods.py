@@ -1,4 +1,4 @@
-"""Embedded methods benchmark (issue 3): Rubric-RL vs RISE-RL (and coupled / uniform) on the
+"""Embedded methods benchmark: Rubric-RL vs RISE-RL (and coupled / uniform) on the
 persistent-criteria task, several seeds, a fixed step budget, guidance-free evaluation every few steps.
 
 For every method and seed it prints the persistent-criterion coverage curve, its area under the curve
@@ -10,8 +10,8 @@ for both), and ends with
     RESULT auc_ratio=<RISE/Rubric, worst seed> reward_gain=<RISE-Rubric final reward, worst seed> seeds=<n>
            step_ratio_guided=<x> step_ratio_after=<x> negative_gap=<RISE-Rubric final negative rate, worst seed>
 
-Rows ``rise_paper`` and ``rise+<option>`` are the issue-13 ablations (see VARIANTS); ``rise`` is RISE-RL
-with the project's defaults, the method the RESULT line reports.
+Rows ``rise_paper`` and ``rise+<option>`` are the ablations of our extensions (docs/DESIGN.md §2; see
+VARIANTS); ``rise`` is RISE-RL with the project's defaults, the method the RESULT line reports.
 
 Usage: python bench/embedded_methods.py [--steps 24] [--eval-every 2] [--seeds 0 1 2] [--out DIR]
 The warm start is shared by all runs (cached under data.warm_start_cache); seeds change the sampling
@@ -39,7 +39,7 @@ RECIPES = {
     "uniform": "uniform_tiny_cpu.yaml",
     "ruscarl": "ruscarl_tiny_cpu.yaml",
 }
-# Issue-13 ablations: RISE-RL as published (rise.paper_faithful) and the paper plus ONE of our extensions
+# Ablations: RISE-RL as published (rise.paper_faithful) and the paper plus ONE of our extensions
 # (rise_nemo.core.guidance) each; every row spells all options so it does not depend on the defaults.
 _PAPER = ["rise.paper_faithful=false", "rise.retention.no_regression=none", "rise.retention.mask_penalised_spans=false",
           "rise.retention.max_length_ratio=null", "rise.gate.enabled=false", "rise.gate.budget=null", "rise.hints=paper"]

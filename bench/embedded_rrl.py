@@ -1,4 +1,4 @@
-"""RRL benchmark (issue 10) on the embedded chained-arithmetic task (docs/DESIGN.md §7.5, §9).
+"""RRL benchmark on the embedded chained-arithmetic task (docs/DESIGN.md §7.5, §9).
 
 Four variants with the SAME step budget (--steps) from the same cached warm start, per seed:
 

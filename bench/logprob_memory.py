@@ -8,7 +8,7 @@ torch's allocations. "Peak extra" = peak RSS during forward+backward minus RSS w
     .venv/bin/python bench/logprob_memory.py                  # vocab 151,936, 4,096 tokens, bf16 logits
     .venv/bin/python bench/logprob_memory.py --tokens 512 --dtype float32
 
-Target (issue 2): chunked peak extra <= 1/4 of naive at <= 1.3x its time.
+Target: chunked peak extra <= 1/4 of naive at <= 1.3x its time.
 Last line: RESULT mem_ratio=<chunked/naive peak extra> time_ratio=<chunked/naive time>.
 """
 

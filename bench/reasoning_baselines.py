@@ -1,5 +1,5 @@
-"""Reasoning baselines benchmark (issue 9): PPO (critic + GAE) and sparse GRPO on the embedded
-chained-arithmetic task (rise_nemo/tasks/reasoning.py, docs/DESIGN.md §7).
+"""Reasoning baselines benchmark: PPO (critic + GAE) and sparse GRPO on the embedded
+chained-arithmetic task (rise_nemo/data/chain_task.py, docs/DESIGN.md §7).
 
 1. Warm start once (cached under $RISE_NEMO_CACHE, default ~/.cache/rise_nemo) from
    recipes/reasoning_base_local.yaml and measure the warm start on held-out instances (never in the warm

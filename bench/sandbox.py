@@ -11,7 +11,7 @@
    modes alternate round by round so that load from other processes hits both alike.
 
 Last line: RESULT containment=<contained/attacks> attacks=<n> overhead_ratio=<x> real_solutions_pass=<k>/5
-Targets (issue 25): containment=1 with attacks >= 14, real_solutions_pass=5/5, overhead_ratio <= 1.5.
+Targets: containment=1 with attacks >= 14, real_solutions_pass=5/5, overhead_ratio <= 1.5.
 """
 
 from __future__ import annotations

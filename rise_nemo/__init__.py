@@ -1,11 +1,8 @@
 """rise_nemo: exploration-oriented RL post-training of LLMs (RISE-RL, RRL, ExpRL) for NeMo-RL.
 
-Layers (dependencies point downwards only):
-  rise_nemo.core           pure math and small dataclasses: every formula of the papers, once
-  rise_nemo.orchestration  one training step / loop per method, written against rise_nemo.interfaces
-  rise_nemo.backends       implementations of the interfaces: ``local`` (transformers) and ``nemo`` (NeMo-RL)
-  rise_nemo.judges         rubric judges: rule-based, OpenAI-compatible HTTP, Ray actor
-  rise_nemo.data           rubric dataset loaders and the generated persistent-criteria task
+The packages form layers, imports pointing downwards only: the order and why each package sits where it
+does are declared once, in docs/CONTRACTS.md ("Layers"), and checked over every module by
+tests/test_layers.py.
 """
 
 __version__ = "0.1.0"

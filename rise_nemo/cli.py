@@ -43,14 +43,6 @@ def _version() -> str:
     return f"rise-nemo {__version__}"
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from rise_nemo.config import ConfigError
-    from rise_nemo.core.rubric import RubricError
-    from rise_nemo.errors import UserError
-
-    return (UserError, ConfigError, RubricError)
-
-
 def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
@@ -66,11 +58,12 @@ def _dispatch(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"rise-nemo {name}", description=module.HELP)
     module.add_arguments(parser)
     args = parser.parse_intermixed_args(rest)
+    from rise_nemo.commands import user_errors
     from rise_nemo.orchestration.signals import SetupInterrupted
 
     try:
         return int(module.run(args) or 0)
-    except _user_errors() as exc:
+    except user_errors() as exc:
         print(f"rise-nemo {name}: {exc}", file=sys.stderr)
         return 2
     except SetupInterrupted as exc:  # a stop signal before training began: exit 0, as a stop during training

@@ -28,11 +28,11 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+# The row kinds are the loss's (core.losses reads the ``kind`` column); the interfaces re-export them.
+from rise_nemo.core.losses import KIND_GUIDED as KIND_GUIDED
+from rise_nemo.core.losses import KIND_NATURAL as KIND_NATURAL
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.core.rubric import Conversation, Rubric, judged_text
-
-KIND_NATURAL = 0
-KIND_GUIDED = 1
 
 Verdict = bool | None  # None = unknown (judge failed after retries): the response is excluded, never scored
 

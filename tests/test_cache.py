@@ -1,5 +1,5 @@
-"""One cache location (issue 14, item 13): $RISE_NEMO_CACHE, else ~/.cache/rise_nemo — never the cwd; one build
-of a warm-start entry when two processes want it at once (issue 22 item 12)."""
+"""One cache location: $RISE_NEMO_CACHE, else ~/.cache/rise_nemo — never the cwd; one build
+of a warm-start entry when two processes want it at once."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""Contract clean-up (issue 9, item 9): checkpoint hooks declared by the interfaces, one factory signature for
-both backends, and the layers' import directions (no backend imports the orchestration; data/ imports no
-judge). Imports are read from the source (AST, function-level imports included), so a lazy import inside a
-function counts too."""
+"""Contracts between the layers (docs/CONTRACTS.md): checkpoint hooks declared by the interfaces, one factory
+signature for both backends. The layers' import directions are tests/test_layers.py's."""
 
 from __future__ import annotations
 
-import ast
 import inspect
 from pathlib import Path
 
@@ -16,37 +13,6 @@ from rise_nemo.interfaces import Critic, Policy
 from rise_nemo.orchestration import checkpoint as ckpt
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rise_nemo"
-
-
-def imported_modules(path: Path) -> set[str]:
-    """Every module a source file imports (``from a.b import c`` -> a.b and a.b.c), at any depth."""
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
-            out.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return out
-
-
-def offenders(package_dir: str, forbidden: str) -> list[str]:
-    found = []
-    for path in sorted((PACKAGE / package_dir).rglob("*.py")):
-        bad = sorted(m for m in imported_modules(path) if m == forbidden or m.startswith(forbidden + "."))
-        if bad:
-            found.append(f"{path.relative_to(PACKAGE.parent)}: {bad}")
-    return found
-
-
-@pytest.mark.parametrize("package_dir, forbidden", [
-    ("backends", "rise_nemo.orchestration"),
-    ("data", "rise_nemo.judges"),
-    ("data", "rise_nemo.backends"),
-    ("core", "rise_nemo.orchestration"),
-])
-def test_layers_import_downwards_only(package_dir, forbidden):
-    assert offenders(package_dir, forbidden) == []
 
 
 # -- checkpoint hooks ----------------------------------------------------------------------------------------

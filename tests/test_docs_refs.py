@@ -1,4 +1,4 @@
-"""The repository stands alone (issue 14, item 11): every section of docs/DESIGN.md and heading of
+"""The repository stands alone: every section of docs/DESIGN.md and heading of
 docs/CONTRACTS.md cited in tracked code, docs, recipes, the Makefile, slurm/ and bench/ exists, and no
 tracked file points at a path outside the repository."""
 
@@ -60,7 +60,7 @@ def test_contracts_headings_cited_in_the_repository_exist():
     assert not missing, "\n".join(missing)
 
 
-# The one allowed exception (issue 21): CI's entry point points $NEMO_RL_DIR at the NeMo-RL copy beside the checkout.
+# The one allowed exception: CI's entry point points $NEMO_RL_DIR at the NeMo-RL copy beside the checkout.
 CI_NEMO_RL_COPY = (".ci/run", "nemo_rl_copy=.." + "/shared/third_party/nemo-rl-v0.7.0")
 
 

@@ -1,7 +1,7 @@
-"""Installable outside the checkout (issue 14, item 12): a missing extra is named; the recipes travel with
+"""Installable outside the checkout: a missing extra is named; the recipes travel with
 the wheel and are found from any directory; the HealthBench sample is package data.
 
-Each extra's commands (issue 22 item 14) run as a fresh install with only that extra would: in a subprocess
+Each extra's commands run as a fresh install with only that extra would: in a subprocess
 whose ``sitecustomize`` makes every installed distribution outside the dependency closure of
 ``rise_nemo[<extras>]`` unimportable (``sys.modules[name] = None``: ``import`` raises ModuleNotFoundError and
 ``importlib.util.find_spec`` answers None, as for a package that is not there). The closure is computed
@@ -65,7 +65,7 @@ def test_the_wheel_carries_recipes_and_the_sample(tmp_path):
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                           "-w", str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
-    # issue 22 item 13: `license = { text = ... }` made setuptools warn six times at every install
+    # `license = { text = ... }` made setuptools warn six times at every install
     assert [x for x in (res.stdout + res.stderr).splitlines() if "license" in x.lower()] == []
     (wheel,) = tmp_path.glob("rise_nemo-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -76,7 +76,7 @@ def test_the_wheel_carries_recipes_and_the_sample(tmp_path):
     assert "rise_nemo/data/samples/README.md" in names  # its licence note travels with it
 
 
-# -- each extra alone (issue 22 item 14) ---------------------------------------------------------------------
+# -- each extra alone ----------------------------------------------------------------------------------------
 
 def _closure(extras: tuple[str, ...]) -> set[str]:
     """Canonical names of the distributions ``pip install 'rise_nemo[extras]'`` installs (as installed here)."""
@@ -205,7 +205,7 @@ def test_each_extra_runs_its_commands_or_names_the_missing_one(tmp_path):
         assert not (work / name).exists()
 
 
-# -- make install takes the CPU build of torch (issue 22 item 12) -----------------------------------------------
+# -- make install takes the CPU build of torch ---------------------------------------------------------------
 
 def _fake_venv(tmp_path: Path) -> tuple[Path, Path]:
     """A venv whose pip records its arguments (one line per call) and fails any call that uses --index-url

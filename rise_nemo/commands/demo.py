@@ -16,7 +16,8 @@ chained-arithmetic task (docs/DESIGN.md §7.5).
 1. Warm start from recipes/reasoning_base_local.yaml (cached like the rubric demo's; about 8 min on one
    core the first time, with progress bars).
 2. Evaluate it on every level's held-out instances and print the per-level table (pass@k, step accuracy)
-   and the line checking issue 9's warm-start properties (rise_nemo/orchestration/reasoning_warm_start.py).
+   and the line checking the warm start's designed properties
+   (rise_nemo/orchestration/reasoning_warm_start.py).
 3. Train PPO and sparse GRPO (and every other method of REASONING_METHODS whose recipe exists, e.g. RRL)
    for --steps from that same warm start, each into its own run directory under --out.
 4. Print the comparison: held-out pass@1 / pass@8 on the training levels and on the hardest level, warm

@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         nodes = args.nodes
         if args.train_nodes is not None:
-            from rise_nemo.planner.layout import get, nodes_from_cluster
+            from rise_nemo.planner.layout import nodes_from_cluster
+            from rise_nemo.recipe_keys import get
 
             nodes = args.train_nodes + nodes_from_cluster(tree) - get(tree, "nemo.cluster.num_nodes", typ=int)
         report = plan_recipe(tree, nodes=nodes, gpus_per_node=args.gpus_per_node, gpu_mem_gib=args.gpu_mem_gib)

@@ -76,11 +76,11 @@ def run(args: argparse.Namespace) -> int:
     # The cluster path fails fast: any exception (a Ray worker's included) ends the process in bounded time
     # with one line on stderr and Ray shut down (rise_nemo.backends.nemo.failfast).
     from rise_nemo.backends.nemo.failfast import fail_fast
-    from rise_nemo.cli import _user_errors
+    from rise_nemo.commands import user_errors
     from rise_nemo.orchestration.trainer import resolve_run_dir
 
     run_dir = args.run_dir if args.run_dir is not None else resolve_run_dir(cfg)
-    with fail_fast("rise-nemo train", run_dir=lambda: run_dir, user_errors=_user_errors()):
+    with fail_fast("rise-nemo train", run_dir=lambda: run_dir, user_errors=user_errors()):
         return _train(cfg, args, env_sources)
 
 

@@ -187,7 +187,7 @@ class RrlCfg:
 class DataCfg:
     """``source: persistent`` generates the demo task (rise_nemo.data.persistent_task) from ``task``;
     ``source: jsonl`` reads rubric files with rise_nemo.data.loaders (JSONL or parquet); ``source:
-    chain_arithmetic`` generates the embedded reasoning task (rise_nemo.tasks.reasoning) from ``task``."""
+    chain_arithmetic`` generates the embedded reasoning task (rise_nemo.data.chain_task) from ``task``."""
 
     source: Literal["persistent", "jsonl", "chain_arithmetic"] = "persistent"
     train_path: str | None = None

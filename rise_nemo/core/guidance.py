@@ -2,7 +2,7 @@
 
 The paper keeps a privileged response when A_ref > 0 on the full rubric (eqs. 7-8) and imitates it whole
 (eq. 11). A kept response can still carry habits the rubric penalises — one persistent criterion gained
-outweighs one lost — and the guide loss then teaches them (issue 13; measured on the embedded task: the
+outweighs one lost — and the guide loss then teaches them (measured on the embedded task: the
 negative-criterion rate rises during guidance and hinted responses are longer). Everything here is OUR
 extension, not the paper's; ``GuidanceOptions.paper()`` switches every rule off.
 

@@ -22,7 +22,6 @@ from typing import Literal
 import torch
 
 from rise_nemo.core.loss_defaults import LOSS_DEFAULTS, loss_rule_violations
-from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL
 
 __all__ = [
     "ObjectiveConfig",
@@ -36,6 +35,10 @@ __all__ = [
     "make_policy_loss",
     "loss_needs_reference_logprobs",
 ]
+
+# The data column ``kind`` [B]: which rows are natural rollouts (clipped PG) and which guided (eq. 11).
+KIND_NATURAL = 0
+KIND_GUIDED = 1
 
 TokenWeighting = Literal["policy_support", "uniform"]
 
@@ -61,11 +64,8 @@ class ObjectiveConfig:
     token_weighting: TokenWeighting = "policy_support"
 
     def __post_init__(self) -> None:
-        if self.token_weighting not in ("policy_support", "uniform"):
-            raise ValueError(
-                f"token_weighting must be 'policy_support' or 'uniform', got {self.token_weighting!r}"
-            )
         # One rule set with the recipe schema (core.loss_defaults); the loader applies it at load time.
+        # token_weighting is checked once, where it is read (guide_loss).
         for key, msg in loss_rule_violations({k: getattr(self, k) for k in LOSS_DEFAULTS}):
             raise ValueError(f"{key} {msg}")
 

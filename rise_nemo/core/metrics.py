@@ -1,8 +1,9 @@
 """Evaluation metrics: unbiased pass@k, criterion coverage tables (the paper's Tables 12-13), mean
-token entropy and pairwise win / tie / lose with swapped positions."""
+token entropy and pairwise win / tie / lose with swapped positions; ``finite_or_none`` for logged numbers."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -12,7 +13,7 @@ from rise_nemo.core.logprobs import token_entropy
 from rise_nemo.core.rewards import failure_matrix
 
 __all__ = ["pass_at_k", "criterion_coverage", "CoverageTable", "CriterionCoverage", "mean_token_entropy",
-           "perplexity_variance", "win_tie_lose"]
+           "perplexity_variance", "win_tie_lose", "finite_or_none"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -176,3 +177,8 @@ def win_tie_lose(first: Sequence[int], swapped: Sequence[int]) -> dict[str, floa
     wins = sum(1 for a, b in zip(first, swapped) if min(a, b) >= 0 and max(a, b) == 1)
     losses = sum(1 for a, b in zip(first, swapped) if max(a, b) <= 0 and min(a, b) == -1)
     return {"win": wins / n, "tie": (n - wins - losses) / n, "lose": losses / n, "n": n}
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """A logged metric: the float, or None where it is undefined (NaN / inf; metrics.jsonl is strict JSON)."""
+    return None if x is None or not math.isfinite(x) else float(x)

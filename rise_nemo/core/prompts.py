@@ -32,8 +32,8 @@ GUIDANCE_TEMPLATES: tuple[str, ...] = (
     "Some guidance for a complete answer: {hint}. Address these naturally in your reply.",
 )
 
-# Length-neutral variants (our extension, issue 13): the same requests plus a closing ask to stay short, so
-# hinted responses are not systematically longer than natural ones (the per-response length check is in
+# Length-neutral variants (our extension, docs/DESIGN.md §2): the same requests plus a closing ask to stay
+# short, so hinted responses are not systematically longer than natural ones (the per-response length check is in
 # rise_nemo.core.guidance). Worded with the demo tokenizer's existing vocabulary, so no word is unknown.
 LENGTH_NEUTRAL_TEMPLATES: tuple[str, ...] = (
     "While answering, make sure your response does the following: {hint}. Keep it short.",

@@ -18,7 +18,7 @@ Every criterion carries a MachineCheck, so ``rise_nemo.judges.rule.RuleJudge`` s
 Criteria are tagged ``base`` / ``persistent`` / ``negative`` plus ``pool:<name>``; held-out prompts use
 (template, audience) combinations never seen in training or warm start.
 
-``_response_text`` writes the task's responses; the supervised warm start that teaches them (cached on
+``response_text`` writes the task's responses; the supervised warm start that teaches them (cached on
 disk) and ``measure_rates`` (with the rule judge) live in ``rise_nemo.tasks.persistent_warm_start``, so
 this module needs no model and no judge.
 
@@ -245,14 +245,14 @@ def make_persistent_task(
             if j - heldout_per_topic < train_per_topic:
                 train.append(p)
     every = train + heldout + warmup
-    persistent_ids = {p.prompt_id: _tagged(p.rubric, TAG_PERSISTENT) for p in every}
-    negative_ids = {p.prompt_id: _tagged(p.rubric, TAG_NEGATIVE) for p in every}
+    persistent_ids = {p.prompt_id: tagged_criteria(p.rubric, TAG_PERSISTENT) for p in every}
+    negative_ids = {p.prompt_id: tagged_criteria(p.rubric, TAG_NEGATIVE) for p in every}
     spec = {"seed": seed, "train_per_topic": train_per_topic, "heldout_per_topic": heldout_per_topic,
             "persistent_per_prompt": persistent_per_prompt}
     return PersistentTask(seed, tuple(train), tuple(heldout), tuple(warmup), persistent_ids, negative_ids, spec)
 
 
-def _tagged(rubric: Rubric, tag: str) -> tuple[int, ...]:
+def tagged_criteria(rubric: Rubric, tag: str) -> tuple[int, ...]:
     return tuple(k for k, c in enumerate(rubric.criteria) if tag in c.tags)
 
 
@@ -279,7 +279,7 @@ def _opener(topic: Topic, audience: str) -> str:
     return f"here is advice on {topic.name} for a {audience} ."
 
 
-def _response_text(prompt: RubricPrompt, include: Sequence[str], guaranteed: bool, rng: random.Random) -> str:
+def response_text(prompt: RubricPrompt, include: Sequence[str], guaranteed: bool, rng: random.Random) -> str:
     """A response: opener, two tips, the phrases of ``include`` (canonical order), and optionally the
     undesirable "success is guaranteed" sentence (before a closing summary)."""
     topic, audience = TOPICS[int(prompt.meta["topic"])], AUDIENCES[int(prompt.meta["audience"])]

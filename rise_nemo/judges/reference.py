@@ -9,7 +9,7 @@ reference reaches only the judge: the policy's prompts are the problem alone (th
 Two implementations of ``ReferenceJudge.score``:
 
 - ``RuleReferenceJudge`` (embedded, ``judge.type: rule``): the chained-arithmetic task's checkable
-  intermediate results (rise_nemo.tasks.reasoning.reference_score) on the same 1-5 scale.
+  intermediate results (rise_nemo.data.chain_task.reference_score) on the same 1-5 scale.
 - ``HttpReferenceJudge`` (``judge.type: http``): an LLM over the existing HTTP judge stack (ChatClient:
   retries with backoff, several endpoints, failure cap; the same ``judge:`` keys as the rubric judge), with
   our own outcome and process prompt templates, greedy decoding (temperature 0) and an in-memory score
@@ -196,14 +196,14 @@ def render_scores(tag: str, scores: Sequence[int], process: bool) -> str:
 
 
 class RuleReferenceJudge:
-    """The embedded reference judge of the chained-arithmetic task (rise_nemo.tasks.reasoning.reference_score):
+    """The embedded reference judge of the chained-arithmetic task (rise_nemo.data.chain_task.reference_score):
     it reads only the problem, the reference's intermediate results and the rollout."""
 
     def __init__(self) -> None:
         self.calls = 0
 
     def score(self, requests: Sequence[ScoreRequest], view: SegmentView = "segment") -> list[Scores]:
-        from rise_nemo.tasks.reasoning import reference_score, reference_segment_scores
+        from rise_nemo.data.chain_task import reference_score, reference_segment_scores
 
         self.calls += len(requests)
         out: list[Scores] = []

@@ -103,11 +103,11 @@ _SEGMENT_HEAD = re.compile(r"^--- segment \d+ ---$", re.MULTILINE)
 
 def reference_reply(prompt: str, fault: str = "ok") -> str:
     """A reply to one of ExpRL's reference-judge prompts, graded by the embedded task's rule
-    (rise_nemo.tasks.reasoning.reference_score) and read naively like ``grade_prompt``. Faults: ``echo``
+    (rise_nemo.data.chain_task.reference_score) and read naively like ``grade_prompt``. Faults: ``echo``
     quotes the attempt (which may claim its own score) before the score lines, ``malformed`` answers an
     untagged "Score: 5", ``wrong_count`` drops the last segment line, ``bad_value`` scores 7."""
+    from rise_nemo.data.chain_task import reference_score, reference_segment_scores
     from rise_nemo.judges.reference import render_scores
-    from rise_nemo.tasks.reasoning import reference_score, reference_segment_scores
 
     tag, reference = _TAG.search(prompt), _field(prompt, "REFERENCE")
     attempt, segments = _field(prompt, "ATTEMPT"), _field(prompt, "SEGMENTS")

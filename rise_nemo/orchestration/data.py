@@ -5,7 +5,7 @@
               ``data.task``; a fresh run first warm-starts the policy (``data.warm_start``, cached; tasks.persistent_warm_start)
   jsonl       rubric files (``data.train_path`` / ``data.eval_path``, JSONL or parquet) in any format
               rise_nemo.data.loaders reads (healthbench, rubrichub, rar, rise; ``data.format``)
-  chain_arithmetic  the embedded reasoning task (rise_nemo.tasks.reasoning), parameters in ``data.task``;
+  chain_arithmetic  the embedded reasoning task (rise_nemo.data.chain_task), parameters in ``data.task``;
               a fresh run first warm-starts the policy (``data.warm_start``), cached under
               rise_nemo.cache.cache_dir() (``$RISE_NEMO_CACHE``) unless ``data.warm_start_cache`` is null
 """
@@ -32,7 +32,7 @@ def persistent_task(cfg: Any):
 
 def chain_task(cfg: Any):
     """The embedded reasoning task of ``data.task`` (seeded, deterministic)."""
-    from rise_nemo.tasks.reasoning import make_chain_task
+    from rise_nemo.data.chain_task import make_chain_task
 
     return make_chain_task(**_plain(cfg.data.task))
 
@@ -43,7 +43,7 @@ def reasoning_tools(cfg: Any) -> tuple[Any, Any]:
     apps``), or math-verify (``MathVerifier``) for other reasoning files (``data.source: jsonl`` of a
     reasoning method: formats math, gsm8k, reasoning)."""
     if cfg.data.source == "chain_arithmetic":
-        from rise_nemo.tasks.reasoning import RuleArithmeticVerifier, step_accuracy
+        from rise_nemo.data.chain_task import RuleArithmeticVerifier, step_accuracy
 
         return RuleArithmeticVerifier(), step_accuracy
     if cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) == "apps":

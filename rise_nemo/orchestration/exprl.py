@@ -27,9 +27,10 @@ from rise_nemo.core.exprl import normalise_score, segment_token_spans, token_pro
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.interfaces import Rollout
 from rise_nemo.judges.reference import ScoreRequest
+from rise_nemo.orchestration.tokens import encode_response, find_tokenizer
 
 # method.reward values (rise_nemo.methods)
-REWARD_VERIFIER, REWARD_OUTCOME, REWARD_PROCESS = "verifier", "reference_outcome", "reference_process"
+REWARD_OUTCOME, REWARD_PROCESS = "reference_outcome", "reference_process"
 REWARD_SELF_DISTILLATION, REWARD_SFT = "self_distillation", "sft"
 
 
@@ -42,15 +43,6 @@ class StepScores:
     valid: torch.Tensor
     token_advantages: dict[tuple[int, int], torch.Tensor] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
-
-
-def find_tokenizer(generator: Any) -> Any:
-    """The backend's tokenizer (local: ``engine.tokenizer``; nemo: ``session.tokenizer``)."""
-    for owner in (generator, getattr(generator, "engine", None), getattr(generator, "session", None)):
-        tok = getattr(owner, "tokenizer", None)
-        if tok is not None:
-            return tok
-    raise ValueError(f"{type(generator).__name__} exposes no tokenizer; ExpRL-Process needs one to segment rollouts")
 
 
 def rollout_segments(tokenizer: Any, rollout: Rollout, marker: str) -> tuple[list[tuple[int, int]], list[str]]:
@@ -163,11 +155,3 @@ def sft_reference_batch(ctx: Any, problems: Sequence[ReasoningProblem]) -> dict[
     batch = build_batch(samples, ctx.pad_id)
     batch["global_tokens"] = batch["natural_token_count"]
     return batch
-
-
-def encode_response(generator: Any, text: str) -> list[int]:
-    """Response text -> token ids ending with EOS, as a finished generation would be (reference solutions)."""
-    if hasattr(generator, "encode_response"):
-        return list(generator.encode_response(text))
-    tok = find_tokenizer(generator)
-    return list(tok.encode(text, add_special_tokens=False)) + [int(tok.eos_token_id)]

@@ -211,27 +211,16 @@ def final_checkpoint(run_dir: Path) -> Path:
 
 def init_policy_from(policy: Any, checkpoint: Path) -> None:
     """Load only the policy weights of ``checkpoint`` (the previous stage's final one): a fresh optimiser, and
-    the KL reference (if any) becomes these weights. Local backend (its ``policy/state.pt``); NeMo-RL stages
-    start from a converted checkpoint named in their recipe (docs/DESIGN.md §8)."""
-    from rise_nemo.backends.local.policy import load_state
-
-    if not hasattr(policy, "reset_optimizer"):
+    the KL reference (if any) becomes these weights (the local policy's ``begin_stage``). Local backend (its
+    ``policy/state.pt``); NeMo-RL stages start from a converted checkpoint named in their recipe
+    (docs/DESIGN.md §8)."""
+    if not hasattr(policy, "begin_stage"):
         raise UserError(f"init: previous needs the local backend's checkpoint format ({checkpoint}/policy); on "
                         "NeMo-RL point the next stage's nemo.policy.model_name at Stage I's converted checkpoint")
     try:
-        state = load_state(checkpoint / "policy")
+        policy.begin_stage(checkpoint / "policy")
     except FileNotFoundError as exc:
         raise UserError(f"init: previous: {exc}") from None
-    policy.model.load_state_dict(state["model"])
-    start_next_stage(policy)
-
-
-def start_next_stage(policy: Any) -> None:
-    """The local policy as a new stage begins from its current weights: a fresh optimiser (at ``local.lr``),
-    no KL reference yet (the next KL term snapshots these weights), step counter 0."""
-    policy.reset_optimizer()
-    policy.reference = None
-    policy.train_steps = 0
 
 
 def run_pipeline(pipeline: Pipeline, overrides: Sequence[str] = (), stop_after: int | None = None) -> int:

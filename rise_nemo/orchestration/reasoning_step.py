@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from rise_nemo.core.advantages import group_advantages
-from rise_nemo.core.metrics import perplexity_variance
+from rise_nemo.core.metrics import finite_or_none, perplexity_variance
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.core.value import (
     explained_variance,
@@ -54,7 +54,6 @@ from rise_nemo.orchestration.samples import reasoning_sample_records, sft_sample
 from rise_nemo.orchestration.step import (
     STREAM_NATURAL,
     TrainSample,
-    _finite,
     build_batch,
     make_policy_loss_fn,
     sampling_params,
@@ -307,7 +306,7 @@ def reasoning_metrics(step, groups, rewards, valid, batch, train_metrics, times)
         "loss/pg": None,
         "policy/entropy": None,
     }
-    metrics.update({k: _finite(float(v)) if v is not None else None for k, v in train_metrics.items()
+    metrics.update({k: finite_or_none(float(v)) if v is not None else None for k, v in train_metrics.items()
                     if not _rise_only(k)})
     metrics["time/step_s"] = t_train - t_start
     metrics["time/sample_s"] = t_sample - t_start

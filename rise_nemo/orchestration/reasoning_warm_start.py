@@ -1,13 +1,13 @@
-"""The embedded reasoning task's warm start as the starting point of the RL baselines (issue 9,
-docs/DESIGN.md §7.5): build a warm-started local policy from a recipe, evaluate it on held-out problems on
+"""The embedded reasoning task's warm start as the starting point of the RL baselines
+(docs/DESIGN.md §7.5): build a warm-started local policy from a recipe, evaluate it on held-out problems on
 the recipe's evaluation stream, and check the properties the warm start is designed to have.
 
 Shared by `rise-nemo demo --task reasoning` (rise_nemo/commands/demo.py) and bench/reasoning_baselines.py.
 
-The properties (issue 9): short problems (the lowest level, 1 step) solved, pass@1 >= 50%; the longest
+The properties: short problems (the lowest level, 1 step) solved, pass@1 >= 50%; the longest
 held-out level rarely solved from scratch, pass@1 <= 3% and pass@8 <= 20%, so exploration matters; per-step
-accuracy high, so failure comes from length (P ~ p^L). The issue gives no number for "high"; we require
-step accuracy >= 50% at every level (the issue's prototype had p ~ 0.52, the recipe's warm start ~0.6).
+accuracy high, so failure comes from length (P ~ p^L). For "high" we require step accuracy >= 50% at every
+level (a prototype had p ~ 0.52, the recipe's warm start ~0.6).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-# (name, comparison, threshold): the warm-start properties of issue 9, checked by ``warm_start_properties``.
+# (name, comparison, threshold): the warm start's designed properties, checked by ``warm_start_properties``.
 WARM_START_TARGETS = (
     ("short_pass1", ">=", 0.50),
     ("long_pass1", "<=", 0.03),
@@ -54,7 +54,7 @@ def evaluate_heldout(cfg: Any, generator: Any, problems: Sequence[Any], n: int |
 
 
 def warm_start_properties(result: dict[str, Any]) -> dict[str, Any]:
-    """The issue-9 properties of an ``evaluate_reasoning`` result that covers the short (lowest) and the
+    """The warm-start properties of an ``evaluate_reasoning`` result that covers the short (lowest) and the
     longest level: their values, and per target of ``WARM_START_TARGETS`` whether it is met (None when it
     cannot be measured, e.g. pass@8 with fewer than 8 samples per problem)."""
     levels = result["levels"]

@@ -39,9 +39,9 @@ from rise_nemo.core.replay import (
 )
 from rise_nemo.errors import UserError
 from rise_nemo.interfaces import Rollout
-from rise_nemo.orchestration.exprl import encode_response, find_tokenizer
 from rise_nemo.orchestration.reasoning_step import ReasoningContext, StepHooks
 from rise_nemo.orchestration.step import TrainSample, build_batch
+from rise_nemo.orchestration.tokens import encode_response, find_tokenizer
 
 SOURCE_POLICY, SOURCE_CANONICAL = "policy", "canonical"
 log = logging.getLogger("rise_nemo.rrl")

@@ -15,7 +15,6 @@ and the judge and decides what happens when.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ from rise_nemo.core.guidance import (
     token_span_mask,
 )
 from rise_nemo.core.losses import ObjectiveConfig, make_policy_loss, overlong_penalty
+from rise_nemo.core.metrics import finite_or_none
 from rise_nemo.core.prompts import (
     build_privileged_prompt,
     build_ruscarl_prompt,
@@ -93,7 +93,8 @@ class MethodSpec:
 
 
 def guidance_options(cfg: Any) -> GuidanceOptions:
-    """The issue-13 extensions from ``rise.retention`` / ``rise.gate`` (all off when rise.paper_faithful)."""
+    """Our extensions (docs/DESIGN.md §2) from ``rise.retention`` / ``rise.gate``; all off when
+    rise.paper_faithful."""
     rise = cfg.rise
     r, g = rise.retention, rise.gate
     opts = GuidanceOptions(
@@ -318,13 +319,6 @@ def feedback_indices(
     return list(select_feedback(criterion_priority(z, weights), failures, top_m))
 
 
-def feedback_criteria(
-    prompt: RubricPrompt, verdicts: list[list[Verdict]], valid: torch.Tensor, top_m: int | None
-) -> list[Criterion]:
-    """Eqs. 4-5 as criteria (see feedback_indices)."""
-    return [prompt.rubric.criteria[k] for k in feedback_indices(prompt, verdicts, valid, top_m)]
-
-
 def valid_verdicts(verdicts: Sequence[Sequence[Verdict]], valid: torch.Tensor) -> torch.Tensor:
     """bool [G_valid, K] of the valid responses' verdicts (unknown verdicts only occur in invalid rows)."""
     rows = [[bool(v) for v in verdicts[j]] for j in range(len(verdicts)) if bool(valid[j])]
@@ -452,7 +446,6 @@ def guided_samples(
                                    float(a_ref[t, j] * scale[j]), [0.0] * len(r.response_token_ids),
                                    sampled_under_train_prompt=False, source=(True, t, j), loss_mask=mask))
     valid_refs = a_ref[priv.valid]
-    mean = statistics_mean
     stats = {
         "guidance/retained": len(out),
         "guidance/retained_frac": len(out) / max(1, int(priv.valid.sum())),
@@ -464,8 +457,8 @@ def guided_samples(
         "guidance/masked_tokens": counts["masked_tokens"],
         "guidance/dropped_fully_masked": counts["fully_masked"],
         # hinted / natural mean response length (tokens) over the guided prompts; and of the retained ones
-        "guidance/length_ratio": _ratio(mean(priv_len), mean(nat_len)),
-        "guidance/length_ratio_retained": _ratio(mean(kept_len), mean(nat_len)),
+        "guidance/length_ratio": _ratio(statistics_mean(priv_len), statistics_mean(nat_len)),
+        "guidance/length_ratio_retained": _ratio(statistics_mean(kept_len), statistics_mean(nat_len)),
     }
     if dropped_by:
         # {criterion text: privileged responses failing it while most natural ones satisfy it}
@@ -600,21 +593,17 @@ def guidance_delta(nat: Scored, priv: Scored | None, targets: list[int]) -> floa
     return reward_gap(priv.rewards, priv.valid, nat.rewards[targets], nat.valid[targets])
 
 
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
-
-
 def step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_metrics, guide_stats, times):
     t_start, t_natural, t_priv, t_train, t_end = times
     unknown = int((~nat.valid).sum()) + (int((~priv.valid).sum()) if priv is not None else 0)
     kind = batch["kind"]
     metrics: dict[str, Any] = {
         "step": step,
-        "reward/natural_mean": _finite(nat.mean_reward),
+        "reward/natural_mean": finite_or_none(nat.mean_reward),
         "reward/natural_std": float(nat.rewards[nat.valid].std()) if int(nat.valid.sum()) > 1 else 0.0,
-        "reward/privileged_mean": _finite(priv.mean_reward) if priv is not None else None,
+        "reward/privileged_mean": finite_or_none(priv.mean_reward) if priv is not None else None,
         "guidance/active": bool(guided_phase),
-        "guidance/delta_r": _finite(delta_r),
+        "guidance/delta_r": finite_or_none(delta_r),
         "guidance/lambda": lam,
         "guidance/retained": 0,
         "guidance/privileged_rollouts": sum(len(g) for g in priv.rollouts) if priv is not None else 0,
@@ -626,7 +615,7 @@ def step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_
         "policy/entropy": None,
     }
     metrics.update(guide_stats)
-    metrics.update({k: _finite(float(v)) for k, v in train_metrics.items()})
+    metrics.update({k: finite_or_none(float(v)) for k, v in train_metrics.items()})
     if ctx.spec.guidance:  # only once guidance has actually been removed (never for a run that did not switch)
         switched = not bool(ctx.schedule.active)
         metrics["guidance/switch_reason"] = getattr(ctx.schedule, "switch_reason", None) if switched else None

@@ -20,6 +20,7 @@ checkpoint never leaves repeated steps. On CPU a resumed run reproduces the unin
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -377,7 +378,7 @@ class Trainer:
 
     def _progress(self):
         if not self.cfg.train.progress:
-            return _NullContext()
+            return contextlib.nullcontext()
         from tqdm.auto import tqdm
 
         return tqdm(total=self.steps, initial=self.step, desc=f"{self.cfg.method}", unit="step", dynamic_ncols=True)
@@ -492,14 +493,6 @@ def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.3f}"
     return str(x)
-
-
-class _NullContext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 class _TensorBoardSink:

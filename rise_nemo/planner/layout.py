@@ -11,19 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rise_nemo.planner.critic import value_config
 from rise_nemo.planner.models import ModelShape
+from rise_nemo.recipe_keys import RecipeKeyError, get
 
 MEGATRON = "nemo.policy.megatron_cfg"
 VLLM = "nemo.policy.generation.vllm_cfg"
 FP8_FORMATS = ("e4m3", "hybrid")
 FP8_RECIPES = ("blockwise", "tensorwise", "mxfp8")
-
-
-class RecipeKeyError(KeyError):
-    """A key the planner needs is missing or has the wrong type; the message names the dotted key."""
-
-    def __str__(self) -> str:  # KeyError's default repr-quotes the message
-        return str(self.args[0])
 
 
 @dataclass(frozen=True)
@@ -33,23 +28,6 @@ class PlanIssue:
 
     def __str__(self) -> str:
         return f"{self.key}: {self.message}"
-
-
-def get(tree: Mapping[str, Any], dotted: str, default: Any = ..., typ: type | tuple | None = None) -> Any:
-    """``tree['a']['b']`` for ``'a.b'``; a missing key without default raises RecipeKeyError naming it."""
-    node: Any = tree
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            if default is ...:
-                raise RecipeKeyError(f"recipe key {dotted} is missing")
-            return default
-        node = node[part]
-    if typ is not None and node is not None and not isinstance(node, typ):
-        names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
-        raise RecipeKeyError(f"recipe key {dotted} must be {names}, got {node!r}")
-    if typ in (int, (int, float)) and isinstance(node, bool):
-        raise RecipeKeyError(f"recipe key {dotted} must be a number, got {node!r}")
-    return node
 
 
 @dataclass(frozen=True)
@@ -348,8 +326,6 @@ def read_layout(tree: Mapping[str, Any], resolve_model, nodes: int | None, gpus_
         )
     layout = RecipeLayout(name, total, gpn, train_nodes, policy, gen, teacher, judge, issues)
     if get(tree, "nemo.value", None) is not None:
-        from rise_nemo.backends.nemo.config import value_config
-
         layout.value_tree = {"nemo": {"value": value_config(get(tree, "nemo.policy"), get(tree, "nemo.value"))}}
         layout.critic = _policy_layout(layout.value_tree, "nemo.value",
                                        resolve_model(get(layout.value_tree, "nemo.value.model_name", typ=str)), world)

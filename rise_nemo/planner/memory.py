@@ -30,8 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rise_nemo.planner.layout import MEGATRON, GenerationLayout, JudgeLayout, PolicyLayout, get
+from rise_nemo.planner.layout import GenerationLayout, JudgeLayout, PolicyLayout
 from rise_nemo.planner.models import ModelShape
+from rise_nemo.recipe_keys import get
 
 GIB = 1024**3
 RUNTIME_OVERHEAD_GIB = 4.0  # CUDA context, NCCL buffers, allocator fragmentation of one training process
@@ -124,7 +125,7 @@ def critic_terms(value_tree: Mapping[str, Any], critic: PolicyLayout) -> list[Te
     trained while vLLM sleeps and with the policy's weights, grads and optimizer off the GPUs: the nemo
     backend offloads the policy before the value model loads (``NemoSession.offload_policy``), as NeMo-RL's
     ppo.py has it offloaded then (``finish_inference``, ppo.py:1204; value training first, :1255-1287).
-    ``value_tree`` holds the critic's full config under ``nemo.value`` (``backends.nemo.config.value_config``)."""
+    ``value_tree`` holds the critic's full config under ``nemo.value`` (``planner.critic.value_config``)."""
     return training_terms(value_tree, critic, "nemo.value", phase="critic", who="critic", outputs=1)
 
 
@@ -178,10 +179,3 @@ def judge_terms(judge: JudgeLayout, gpu_mem_gib: float) -> tuple[list[Term], flo
     gen = GenerationLayout(True, judge.nodes * judge.gpus_per_node, judge.nodes, judge.tp, 1, "bfloat16", "auto",
                            judge.gpu_memory_utilization, judge.max_model_len)
     return vllm_pool_terms(gen, judge.model, gpu_mem_gib, "judge")
-
-
-def policy_training_fp8_note(tree: Mapping[str, Any]) -> str | None:
-    if not get(tree, f"{MEGATRON}.fp8_cfg.enabled", False, bool):
-        return None
-    return (f"FP8 {get(tree, f'{MEGATRON}.fp8_cfg.fp8', 'e4m3', str)} "
-            f"{get(tree, f'{MEGATRON}.fp8_cfg.fp8_recipe', 'blockwise', str)} training")

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rise_nemo.planner import memory
-from rise_nemo.planner.layout import PlanIssue, RecipeKeyError, RecipeLayout, padding_note, read_layout
+from rise_nemo.planner.layout import PlanIssue, RecipeLayout, padding_note, read_layout
 from rise_nemo.planner.models import resolve_model
+from rise_nemo.recipe_keys import RecipeKeyError
 
 DEFAULT_GPU_MEM_GIB = 141.0  # H200
 

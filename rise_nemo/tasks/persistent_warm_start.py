@@ -1,6 +1,6 @@
 """Supervised warm start of the demo's persistent-criteria task (rise_nemo.data.persistent_task), cached.
 
-Plain supervised fine-tuning on responses written by the task's ``_response_text``: unhinted prompts (the
+Plain supervised fine-tuning on responses written by the task's ``response_text``: unhinted prompts (the
 natural behaviour) and hinted prompts built with ``core.prompts.build_privileged_prompt`` exactly as
 training builds them, with feedback sets that mimic eq. 5 (persistent criteria first). It is cached on
 disk, keyed by a hash of the task, the model fingerprint and the warm-start config. ``measure_rates``
@@ -34,8 +34,8 @@ from rise_nemo.data.persistent_task import (
     TAG_PERSISTENT,
     TASK_VERSION,
     PersistentTask,
-    _response_text,
-    _tagged,
+    response_text,
+    tagged_criteria,
 )
 from rise_nemo.interfaces import JudgeRequest, SamplingParams
 from rise_nemo.tasks.sft import Example, load_weights, save_weights, sft_phase
@@ -49,7 +49,7 @@ def _feedback_like(prompt: RubricPrompt, task: PersistentTask, rng: random.Rando
         pers = [rng.choice(task.persistent_criterion_ids[prompt.prompt_id])]
     chosen = list(pers)
     chosen += [k for k in task.negative_criterion_ids[prompt.prompt_id] if rng.random() < 0.3]
-    chosen += [k for k in _tagged(prompt.rubric, TAG_BASE) if rng.random() < 0.1]
+    chosen += [k for k in tagged_criteria(prompt.rubric, TAG_BASE) if rng.random() < 0.1]
     weights = prompt.rubric.weights
     return sorted(chosen, key=lambda k: (-abs(weights[k]), k))
 
@@ -60,7 +60,7 @@ def make_example(task: PersistentTask, prompt: RubricPrompt, hinted: bool, rng: 
     the hint says to avoid it."""
     other = [b.name for b in PERSISTENT_POOL if rng.random() < rates.unprompted_rate]
     if not hinted:
-        return Example([dict(m) for m in prompt.messages], _response_text(
+        return Example([dict(m) for m in prompt.messages], response_text(
             prompt, other, rng.random() < rates.natural_negative_rate, rng))
     fb = _feedback_like(prompt, task, rng)
     criteria = [prompt.rubric.criteria[k] for k in fb]
@@ -68,7 +68,7 @@ def make_example(task: PersistentTask, prompt: RubricPrompt, hinted: bool, rng: 
     avoid = any(TAG_NEGATIVE in c.tags for c in criteria)
     guaranteed = (not avoid) and rng.random() < rates.hinted_negative_rate
     messages = build_privileged_prompt(prompt.messages, criteria, rng)
-    return Example(messages, _response_text(prompt, sorted(hinted_names | set(other)), guaranteed, rng))
+    return Example(messages, response_text(prompt, sorted(hinted_names | set(other)), guaranteed, rng))
 
 
 # ---- warm start ---------------------------------------------------------------------------------
@@ -215,7 +215,7 @@ def measure_rates(generator, task: PersistentTask, cfg: WarmStartConfig | None =
 
     for p, nat_rows, hint_rows in zip(prompts, natural, guided):
         pers, neg = task.persistent_criterion_ids[p.prompt_id], task.negative_criterion_ids[p.prompt_id]
-        base = _tagged(p.rubric, TAG_BASE)
+        base = tagged_criteria(p.rubric, TAG_BASE)
         v_nat = judge.judge([JudgeRequest(p.messages, r.response_text, p.rubric, p.prompt_id) for r in nat_rows])
         v_hint = judge.judge([JudgeRequest(p.messages, r.response_text, p.rubric, p.prompt_id) for r in hint_rows])
         for v, r in zip(v_nat, nat_rows):

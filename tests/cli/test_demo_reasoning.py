@@ -1,5 +1,5 @@
-"""`rise-nemo demo --task reasoning` end to end in miniature (issue 9: the warm start's measured properties are
-printed in the demo; issue 22: it writes a report with plots), the method list that picks up a recipe when it
+"""`rise-nemo demo --task reasoning` end to end in miniature (the warm start's measured properties are
+printed in the demo; it writes a report with plots), the method list that picks up a recipe when it
 exists, and the --task error."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_reasoning_demo_end_to_end_in_miniature(tmp_path, monkeypatch, capsys):
         assert row[5] == str(run_dir)
         assert (run_dir / "eval" / "step_000001.json").is_file()
         assert (run_dir / "checkpoints" / "step_000001").is_dir()
-    # The report over every method's run (issue 22 item 8), like the rubric demo's.
+    # The report over every method's run, like the rubric demo's.
     report = out_dir / "report" / "report.md"
     assert f"report: {report}" in out and report.is_file()
     for plot in ("pass_at_k.png", "pass_vs_step.png", "reasoning_train.png"):

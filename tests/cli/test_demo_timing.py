@@ -1,4 +1,4 @@
-"""The demo's per-method time is the training run only (issue 14, item 14): the warm start, which only
+"""The demo's per-method time is the training run only: the warm start, which only
 the first method pays for when the cache is cold, must not be charged to it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A user's first hour (issue 14): resume safety and locking, one-line errors before any model build, the
+"""A user's first hour: resume safety and locking, one-line errors before any model build, the
 judge probe, CLI ergonomics, judge counters and samples.jsonl — through the real `rise-nemo` commands."""
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def test_a_missing_data_file_names_the_variable_that_sets_it(tmp_path, tokenizer
 
 def test_a_data_path_that_is_a_directory_says_so_naming_the_key_once(tmp_path, tokenizer_dir, capsys,
                                                                      no_model_build):
-    """issue 22 item 13: a folder was reported as "file not found", and the key twice ("(set data.train_path)")."""
+    """A folder was reported as "file not found", and the key twice ("(set data.train_path)")."""
     folder = tmp_path / "data_dir"
     folder.mkdir()
     recipe = _jsonl_recipe(tmp_path, tokenizer_dir, str(folder))
@@ -349,7 +349,7 @@ def test_samples_jsonl_records_what_was_trained_on(finished):
             assert r["kind"] == 0 and isinstance(r["advantage"], float)
 
 
-# -- issue 22 items 3 / 4: a trainer's eval is never overwritten; outputs and NeMo-RL checked first --------
+# -- a trainer's eval is never overwritten; outputs and NeMo-RL checked first --------------------------------
 
 def test_eval_with_overrides_never_replaces_the_trainers_eval(run_copy, capsys):
     _, run_copy = run_copy
@@ -434,7 +434,7 @@ sys.exit(main(["train", "--config", sys.argv[2], "--run-dir", sys.argv[3]]))
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGUSR1"])
 def test_a_stop_signal_during_the_warm_start_leaves_no_run_directory(finished, tmp_path, sig):
-    """issue 22 item 13: SIGTERM (scancel, requeue) during the warm start left a run directory holding only .lock,
+    """SIGTERM (scancel, requeue) during the warm start left a run directory holding only .lock,
     Ctrl-C a KeyboardInterrupt traceback. Now: one line, exit 0 (as a stop during training), nothing left."""
     recipe, _ = finished
     run_dir = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""Every Slurm script the README shows honours `--dry-run` exactly as RISE_DRY_RUN=1 does (issue 22 item 1).
+"""Every Slurm script the README shows honours `--dry-run` exactly as RISE_DRY_RUN=1 does.
 
 Slurm's client commands on PATH are fakes that record every call: a dry run must call none of them (a real
 `sbatch` on a login node would submit multi-node jobs). Only bash and the checkout are needed, no Slurm.

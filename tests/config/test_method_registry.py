@@ -1,4 +1,4 @@
-"""One method registry, one set of loss defaults and rules (issue 9 item 9)."""
+"""One method registry, one set of loss defaults and rules."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Issue-13 rules on hand-built verdict matrices: who is kept, dropped, down-weighted, masked, gated."""
+"""Our guidance extensions (core.guidance, docs/DESIGN.md §2) on hand-built verdict matrices: who is kept,
+dropped, down-weighted, masked, gated."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12 item 5: one function (core.rubric.judged_text) decides what a judge sees, and every path that
+"""One function (core.rubric.judged_text) decides what a judge sees, and every path that
 builds a judge request uses it: the orchestration (any backend's rollouts), NeMo-RL's rubric environment
 (which receives NeMo-RL's raw decoded message, nemo_rl/experience/rollouts.py) and direct JudgeRequests."""
 

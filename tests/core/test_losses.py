@@ -229,16 +229,17 @@ def test_rise_objective_ignores_inf_at_padding():
 
 
 def test_objective_config_validation():
-    with pytest.raises(ValueError, match="token_weighting"):
-        ObjectiveConfig(token_weighting="flat")
+    base, data = _batch()
+    with pytest.raises(ValueError, match="token_weighting must be 'policy_support' or 'uniform', got 'flat'"):
+        rise_objective(base, data, ObjectiveConfig(token_weighting="flat"))
     with pytest.raises(ValueError, match="gamma"):
         ObjectiveConfig(gamma=0.0)
 
 
-def test_issue21_kl_k3_gradient_and_clamps_are_nemo_rls():
-    """Issue 21 defect 7: NeMo-RL multiplies k3 by exp(logp - logp.detach()) (value 1, adds the score-function
+def test_kl_k3_gradient_and_clamps_are_nemo_rls():
+    """NeMo-RL multiplies k3 by exp(logp - logp.detach()) (value 1, adds the score-function
     term, loss_functions.py:418-438), so each token's gradient is logp - ref_logp, not 1 - exp(ref - logp) (an
-    8e-3 difference at KL 0.001 in the issue); it clamps d = ref - logp to +-20 (no gradient there) and the
+    8e-3 difference at KL 0.001 was measured); it clamps d = ref - logp to +-20 (no gradient there) and the
     KL to +-10 (utils.py:41-100)."""
     lp = torch.tensor([[-1.0, -2.0, -0.5, -30.0, -0.1]], requires_grad=True)
     ref = torch.tensor([[-1.5, -1.0, -0.5, -2.0, -14.0]])

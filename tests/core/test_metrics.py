@@ -63,7 +63,7 @@ def test_mean_token_entropy_from_logprobs_and_logits():
 
 
 def test_coverage_agrees_with_failure_matrix_on_zero_weight_criteria():
-    """Issue 12 item 10: an unmet zero-weight criterion is never a failure in failure_matrix (eq. 4-5 feedback),
+    """An unmet zero-weight criterion is never a failure in failure_matrix (eq. 4-5 feedback),
     so the coverage table must not count it as failed either; all three signs checked against the one rule."""
     from rise_nemo.core.rewards import failure_matrix
 

@@ -82,7 +82,7 @@ def test_missing_delta_r_does_not_count_and_state_round_trip():
 
 
 def test_reward_gap_is_the_mean_of_per_prompt_gaps_not_a_pooled_difference():
-    """Issue 12 item 9: eq. 13 takes r_bar_priv and r_bar_nat over one prompt's group (1/G sums), so with
+    """Eq. 13 takes r_bar_priv and r_bar_nat over one prompt's group (1/G sums), so with
     unknown verdicts removing samples unevenly the step's Delta_r is the mean of per-prompt gaps."""
     import torch
 

@@ -133,7 +133,7 @@ def test_whiten_is_zero_mean_unit_variance_on_the_mask():
     w = whiten(x, mask)
     assert torch.all(w[mask == 0] == 0)
     assert w[mask.bool()].mean().abs() < 1e-5
-    # Bessel's correction, as NeMo-RL's masked_var (issue 21 defect 7: the docstring claimed population variance)
+    # Bessel's correction, as NeMo-RL's masked_var (the docstring once claimed population variance)
     assert w[mask.bool()].var(unbiased=True) == pytest.approx(1.0, abs=1e-4)
     one = torch.zeros(3, 6)
     one[1, 3] = 1
@@ -170,9 +170,9 @@ def test_explained_variance():
 
 
 def test_explained_variance_is_undefined_when_every_rollout_earned_the_same_return():
-    """Issue 22 item 9: with lambda < 1 the value targets R = A + V mix in the critic's own values, so a batch
+    """With lambda < 1 the value targets R = A + V mix in the critic's own values, so a batch
     in which every rollout earned the same reward still has Var[R] > 0 and the old statistic came out as an
-    arbitrary negative number (-0.6..-3.5 in the issue). Undefined (None) when the Monte-Carlo returns have
+    arbitrary negative number (-0.6..-3.5 were seen). Undefined (None) when the Monte-Carlo returns have
     no variance; unchanged otherwise."""
     from rise_nemo.core.value import monte_carlo_returns
 

@@ -178,7 +178,7 @@ def test_duplicate_ids_missing_file_and_bad_fmt(tmp_path):
         load_rubric_prompts(path, fmt="csv")
 
 
-# Issue 12 item 11: inputs that used to escape skip_invalid (or carry no file:line). Each bad line sits between
+# Inputs that used to escape skip_invalid (or carry no file:line). Each bad line sits between
 # two good ones; it must raise a one-line RubricError naming data.jsonl:2, or be skipped and counted.
 GOOD_LINE = json.dumps({"prompt": [{"role": "user", "content": "fine"}], "rubrics": [{"criterion": "ok", "points": 1}]})
 RAW_BAD = {

@@ -53,7 +53,7 @@ def test_gsm8k_final_answer_strips_annotations_and_separators():
 
 @pytest.mark.parametrize("tail", ["seven", "1 2", "3/4", "18 dollars", "-"])
 def test_gsm8k_answer_that_is_not_a_number_is_refused_naming_the_line(tmp_path, tail):
-    """issue 22 item 13: `#### seven` was accepted as a reference answer no verifier could ever match."""
+    """`#### seven` was accepted as a reference answer no verifier could ever match."""
     assert gsm8k_final_answer("x\n#### -12")[1] == "-12" and gsm8k_final_answer("x\n#### 2.5")[1] == "2.5"
     path = tmp_path / "g.jsonl"
     path.write_text(json.dumps({"question": "q", "answer": "ok\n#### 4"}) + "\n"

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from rise_nemo.data.chain_task import make_chain_task, reference_score, reference_segment_scores
 from rise_nemo.judges.client import VerdictParseError
 from rise_nemo.judges.reference import (
     ScoreRequest,
@@ -17,7 +18,6 @@ from rise_nemo.judges.reference import (
     render_scores,
     request_tag,
 )
-from rise_nemo.tasks.reasoning import make_chain_task, reference_score, reference_segment_scores
 
 TAG = "0a1b2c3d"
 

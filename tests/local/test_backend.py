@@ -157,6 +157,27 @@ def test_train_lowers_loss_and_micro_batches_sum(tiny_cfg):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+def test_begin_stage_takes_a_checkpoints_weights_with_a_fresh_optimiser_and_no_reference(tiny_cfg, tmp_path):
+    """A pipeline's next stage (orchestration.pipeline.init_policy_from) through the policy's own method."""
+    policy, gen = build(tiny_cfg)
+    rollouts = [r for row in gen.generate(PROMPTS, 2, SamplingParams(max_new_tokens=6, seed=2)) for r in row]
+    data = _batch(rollouts, policy.tokenizer)
+    data["global_tokens"] = torch.full((len(rollouts),), float(data["token_mask"].sum()))
+    policy.train(data, _nll_loss)
+    policy.save_checkpoint(tmp_path / "policy")
+    saved = {k: v.clone() for k, v in policy.model.state_dict().items()}
+
+    other, _ = build({**tiny_cfg, "seed": 1})
+    other.reference_logprobs(data)  # a KL reference snapshot of the old weights
+    other.train(data, _nll_loss)
+    assert other.reference is not None and other.train_steps == 1 and other.optimizer.state
+    other.begin_stage(tmp_path / "policy")
+    assert all(torch.equal(v, saved[k]) for k, v in other.model.state_dict().items())
+    assert other.reference is None and other.train_steps == 0 and not other.optimizer.state
+    with pytest.raises(FileNotFoundError, match="no saved state"):
+        other.begin_stage(tmp_path / "missing")
+
+
 def test_state_round_trip(tiny_cfg):
     policy, gen = build(tiny_cfg)
     rollouts = [r for row in gen.generate(PROMPTS, 2, SamplingParams(max_new_tokens=6, seed=2)) for r in row]

@@ -1,4 +1,4 @@
-"""The local backend on real text (issue 22 item 2): `rise-nemo train` with `local.model_path` = a directory
+"""The local backend on real text: `rise-nemo train` with `local.model_path` = a directory
 holding a Hugging Face causal LM and its tokenizer, on real GSM8K rows, end to end: GRPO and PPO (critic on the
 real model), checkpoint, exact resume, loaded offline; and real text without a real model is refused.
 
@@ -122,7 +122,7 @@ def test_ppo_on_gsm8k_trains_a_critic_on_the_real_model_and_resumes(model_dir, t
 
 
 def test_real_text_without_a_real_model_is_refused_naming_the_key(tmp_path, capsys):
-    """The issue's command: the embedded task's tiny recipe on GSM8K rows trained garbage and exited 0."""
+    """A command that once went wrong: the embedded task's tiny recipe on GSM8K rows trained garbage and exited 0."""
     run = tmp_path / "run"
     rc = main(["train", "--config", "grpo_chain_tiny_cpu", "data.source=jsonl", "data.format=gsm8k",
                f"data.train_path={GSM8K}", f"data.eval_path={GSM8K}", f"run.dir={run}", "train.progress=false"])
@@ -150,7 +150,7 @@ def test_exprl_on_real_text_with_the_embedded_rule_judge_is_refused(model_dir, t
 
 
 def test_rrl_on_gsm8k_stores_states_at_the_default_granularity(model_dir, tmp_path):
-    """Issue 22 item 11 on the real path: RRL's default cut points (line breaks) exist in real solutions, so
+    """On the real path: RRL's default cut points (line breaks) exist in real solutions, so
     the buffer fills from the first step (the old default, a literal "step" marker, stored nothing)."""
     run = tmp_path / "rrl"
     assert main(_args(model_dir, run, "ppo_gsm8k_local", "method=rrl", "rrl.stabilise.max_steps=0")) == 0

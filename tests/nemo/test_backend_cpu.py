@@ -291,7 +291,7 @@ def test_nemo_dataset_is_padded_to_one_batch_and_carries_the_rubric():
 
 @pytest.mark.parametrize("recipe", ["ppo_math_7b", "rrl_math_7b", "grpo_math_qwen3_4b"])
 def test_nemo_dataset_of_a_reasoning_recipe(recipe, tmp_path, monkeypatch):
-    """Issue 21 defect 1: every reasoning recipe's training set (ReasoningProblem, no rubric) crashed
+    """Every reasoning recipe's training set (ReasoningProblem, no rubric) crashed
     build_backend -> nemo_dataset with AttributeError 'rubric'. Loaded here the way `rise-nemo train` loads
     it (the recipe itself, its data loader); each datum carries the answer for NeMo-RL's math environment and
     never the hidden reference solution."""

@@ -1,6 +1,6 @@
-"""Issue 12, cluster path (items 1-4, 6) on CPU: the nemo backend against stand-ins that mimic NeMo-RL v0.7.0
+"""The cluster path on CPU: the nemo backend against stand-ins that mimic NeMo-RL v0.7.0
 (commit 81aa43dda4765b0429cf31dab44441e4e4383911) where each defect lived. The same checks against NeMo-RL's
-real source are in test_with_nemo_rl.py (``test_issue12_*``)."""
+real source are in test_with_nemo_rl.py (its "cluster-path defects" section)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class MegatronLikePolicy(CpuMegatronPolicy):
-    """CpuMegatronPolicy plus the three NeMo-RL behaviours the issue is about:
+    """CpuMegatronPolicy plus the three NeMo-RL behaviours these tests are about:
 
     - weights location: a colocated refit ends with ``offload_after_refit`` (grpo.py:1961-1962), which moves
       the model to the CPU (megatron_policy_worker.py:1578-1585); ``prepare_for_training`` /
@@ -107,7 +107,7 @@ def backend(global_batch=32, behaviour_ratio=False):
 
 def recipe(run_dir: Path, method: str, steps: int) -> dict:
     return {
-        "run": {"name": "issue12", "dir": str(run_dir), "seed": 3},
+        "run": {"name": "cluster_path", "dir": str(run_dir), "seed": 3},
         "backend": "nemo", "method": method,
         "grpo": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": MAX_NEW},
         "rise": {"lambda_guide": 0.2, "privileged_group_size": 4, "schedule": {"mode": "fixed", "switch_step": 50}},
@@ -127,7 +127,7 @@ def run(tmp_path, method, steps=2, behaviour_ratio=False):
     return fake
 
 
-# -- item 1: resume must load Megatron's embedded optimizer -------------------------------------------------
+# -- resume must load Megatron's embedded optimizer -------------------------------------------------
 
 
 def test_item1_resume_loads_the_optimizer_megatron_embedded_in_the_weights(tmp_path):
@@ -151,7 +151,7 @@ def test_item1_resume_loads_the_optimizer_megatron_embedded_in_the_weights(tmp_p
     assert resume_paths(bare) == (str(bare / "weights"), None)
 
 
-# -- item 2: save after an evaluation's refit ---------------------------------------------------------------
+# -- save after an evaluation's refit ---------------------------------------------------------------
 
 
 def test_item2_save_after_a_generation_window_reloads_the_weights(tmp_path):
@@ -172,7 +172,7 @@ def test_item2_train_eval_save_order_in_the_loop(tmp_path):
     assert ev.count("policy.save_checkpoint") == 2
 
 
-# -- item 3: the OPD baseline checkpoints ---------------------------------------------------------------------
+# -- the OPD baseline checkpoints ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["opd_14b_teacher32b.yaml", "opd_4b_teacher14b.yaml"])
@@ -207,7 +207,7 @@ def test_item3_grpo_recipes_keep_nemo_rl_checkpointing_off():
     assert checkpointing_values(tree) == {"checkpointing.enabled": False}  # rise_nemo's own loop saves
 
 
-# -- item 3 (end goal): `rise-nemo eval` loads an OPD checkpoint; resume and eval choose by one rule ---------
+# -- `rise-nemo eval` loads an OPD checkpoint; resume and eval choose by one rule ---------
 
 
 def nemo_rl_save(run_dir: Path, step: int, policy: CpuMegatronPolicy, finish: bool = True) -> Path:
@@ -344,7 +344,7 @@ def test_item3_eval_of_a_grpo_run_builds_the_policy_from_the_chosen_checkpoint(t
         trainer.lock.release()
 
 
-# -- item 4: each row's PPO reference under behaviour_ratio, for every method ---------------------------------
+# -- each row's PPO reference under behaviour_ratio, for every method ---------------------------------
 
 
 @pytest.mark.parametrize("method", ["rise", "uniform", "coupled", "ruscarl", "rubric_rl"])
@@ -367,7 +367,7 @@ def test_item4_ppo_reference_is_the_sampler_only_for_rows_sampled_under_the_trai
         assert 0 < int((natural & ~own).sum()) and int((natural & own).sum()) == 8
 
 
-# -- item 6: LR warmup in optimiser steps ------------------------------------------------------------------
+# -- LR warmup in optimiser steps ------------------------------------------------------------------
 
 
 def test_item6_scheduler_advances_one_iteration_per_step_whatever_the_rows(tmp_path):

@@ -1,4 +1,4 @@
-"""Issue 21 defect 6: `rise-nemo train` on the nemo backend ends in bounded time after a Ray worker raises.
+"""`rise-nemo train` on the nemo backend ends in bounded time after a Ray worker raises.
 
 The real command runs in a subprocess (the CLI entry point, the recipe, the real orchestration) with the nemo
 backend's Policy/Generator over the CPU stand-ins (cpu_nemo.py) whose training goes through a Ray actor on a

@@ -128,7 +128,7 @@ def test_picklable_and_declares_nemo_types():
     assert fn.input_type.value == "logprob" and fn.loss_type.value == "token_level"
 
 
-def test_issue21_adapter_reports_num_valid_samples_per_micro_batch():
+def test_adapter_reports_num_valid_samples_per_micro_batch():
     """NeMo-RL's DTensor worker reads ``loss_metrics["num_valid_samples"]`` for every micro-batch
     (dtensor_policy_worker.py:916) and every NeMo-RL loss reports it as the micro-batch's sample_mask sum;
     summed over micro-batches (as NeMo-RL sums metrics) it is the global count of valid samples."""

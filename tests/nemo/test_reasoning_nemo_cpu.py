@@ -186,7 +186,7 @@ def test_value_loss_wrapper_accepts_nemo_shapes():
     data = {"token_mask": torch.ones(2, 5), "sample_mask": torch.tensor([1.0, 0.0])}
     loss3, m = fn(torch.ones(2, 5, 1), data)  # [B, S, 1] before NeMo-RL squeezes it
     assert float(loss3) == 10.0 and m["loss"] == 10.0 and m["n"] == 1.0
-    # issue 21 defects 2 and 5: with sequence packing the value worker passes the values as ``logits=``
+    # With sequence packing the value worker passes the values as ``logits=``
     # (SequencePackingLossWrapper, wrapper.py:136-141), and NeMo-RL's workers read num_valid_samples
     loss_kw, m_kw = fn(logits=torch.ones(2, 5), data=data, global_valid_seqs=None, global_valid_toks=None)
     assert float(loss_kw) == 10.0 and m_kw["num_valid_samples"] == m["num_valid_samples"] == 2.0  # rows, as MseValueLossFn
@@ -248,8 +248,8 @@ def test_build_critic_places_the_value_model_from_the_recipe_and_resumes_it(tmp_
         nemo_backend.build_critic({"backend": "nemo", "method": "ppo", "nemo": {}}, policy)
 
 
-def test_issue21_critic_lr_schedule_advances_one_iteration_per_step():
-    """Issue 21 defect 7: Megatron's value worker steps its LR scheduler by the ``gbs`` of each train call
+def test_critic_lr_schedule_advances_one_iteration_per_step():
+    """Megatron's value worker steps its LR scheduler by the ``gbs`` of each train call
     (megatron_value_worker.py:702-706) and counts warmup/decay in iterations x train_global_batch_size
     (megatron/setup.py:1013); the critic passed its padded row count, so the schedule moved by a different,
     smaller amount each step. Every step now trains exactly train_global_batch_size rows (one iteration), and

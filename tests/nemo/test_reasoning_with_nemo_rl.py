@@ -134,8 +134,9 @@ def test_value_config_from_the_ppo_recipe_is_a_full_value_config(tmp_path, monke
     from nemo_rl.models.value.config import ValueConfig
 
     from rise_nemo.backends.nemo import plain_recipe
-    from rise_nemo.backends.nemo.config import build_master_config, value_config
+    from rise_nemo.backends.nemo.config import build_master_config
     from rise_nemo.config.loader import load_config
+    from rise_nemo.planner.critic import value_config
 
     nemo_dir = Path(nemo_rl.__file__).resolve().parents[1]
     if not (nemo_dir / "examples" / "configs").exists():
@@ -206,15 +207,15 @@ def _packed(batch, lengths, seed=6):
     return values, cu
 
 
-def test_issue21_value_loss_through_the_real_sequence_packing_wrapper():
-    """Issue 21 defect 2: with sequence packing (ppo_math_7b / rrl_math_7b turn it on, value_config copies it
+def test_value_loss_through_the_real_sequence_packing_wrapper():
+    """With sequence packing (ppo_math_7b / rrl_math_7b turn it on, value_config copies it
     to the critic) the Megatron value worker wraps the loss in NeMo-RL's SequencePackingLossWrapper
     (megatron_value_worker.py:149-151), whose prepare_fn returns ``{"logits": values}`` (:315), and the wrapper
     calls ``loss_fn(data=, global_valid_seqs=, global_valid_toks=, **loss_input)`` (wrapper.py:136-141). The
     real wrapper runs here with NeMo-RL's real ``prepare_loss_input`` (its LOGIT branch returns the same
     ``{"logits": ...}``; the worker's own prepare_fn cannot be imported without megatron-core). Before the fix
     our value loss took ``next_token_logprobs`` and raised TypeError. It must equal MseValueLossFn through the
-    same wrapper, in value and gradient, and report num_valid_samples as NeMo-RL's losses do (defect 5)."""
+    same wrapper, in value and gradient, and report num_valid_samples as NeMo-RL's losses do."""
     from nemo_rl.algorithms.loss import SequencePackingLossWrapper, prepare_loss_input
     from nemo_rl.algorithms.loss.loss_functions import MseValueLossConfig, MseValueLossFn
     from nemo_rl.distributed.batched_data_dict import BatchedDataDict
@@ -240,8 +241,8 @@ def test_issue21_value_loss_through_the_real_sequence_packing_wrapper():
     assert our_metrics["num_valid_samples"] == their_metrics["num_valid_samples"] == 3.0  # rows, not sample_mask
 
 
-def test_issue21_policy_loss_reports_num_valid_samples_like_clipped_pg_loss():
-    """Issue 21 defect 5: NeMo-RL's DTensor policy worker reads ``loss_metrics["num_valid_samples"]`` after every
+def test_policy_loss_reports_num_valid_samples_like_clipped_pg_loss():
+    """NeMo-RL's DTensor policy worker reads ``loss_metrics["num_valid_samples"]`` after every
     micro-batch (dtensor_policy_worker.py:916; KeyError without it) and keeps the micro-batch's metrics only
     when it is > 0 (:934). Through the real input preparation our adapter reports what ClippedPGLossFn does."""
     from nemo_rl.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
@@ -260,8 +261,8 @@ def test_issue21_policy_loss_reports_num_valid_samples_like_clipped_pg_loss():
 
 
 @pytest.mark.parametrize("layout", ["megatron", "megatron_no_optimizer", "dtensor"])
-def test_issue21_critic_resumes_with_the_paths_nemo_rl_resumes_value_from(layout, monkeypatch, tmp_path):
-    """Issue 21 defect 3: the Megatron value worker keeps its optimizer (and LR schedule) inside ``weights/``
+def test_critic_resumes_with_the_paths_nemo_rl_resumes_value_from(layout, monkeypatch, tmp_path):
+    """The Megatron value worker keeps its optimizer (and LR schedule) inside ``weights/``
     (megatron_value_worker.py:964-1010); NeMo-RL's resume rule checks ``weights/iter_0000000/common.pt``
     (CheckpointManager.get_resume_paths(..., model_component="value"), checkpoint.py:150-193). build_value used
     to look only for ``<critic>/optimizer`` and so restarted Adam and the warmup on every resume. The Value it
@@ -290,7 +291,7 @@ def test_issue21_critic_resumes_with_the_paths_nemo_rl_resumes_value_from(layout
     assert (kwargs["optimizer_path"] is None) == (layout == "megatron_no_optimizer")
 
 
-def test_issue21_whiten_equals_nemo_rl_gae_normalisation():
+def test_whiten_equals_nemo_rl_gae_normalisation():
     """Our GAE advantage whitening is NeMo-RL's ``_reward_whiten`` (masked_var with Bessel's correction)."""
     from nemo_rl.algorithms.advantage_estimator import GeneralizedAdvantageEstimator
 

@@ -101,8 +101,8 @@ def test_critic_warmup_on_the_nemo_backend_pieces():
     assert events.count("refit") == refits + 1
 
 
-def test_issue21_policy_is_offloaded_before_the_critic_loads():
-    """Issue 21 defect 4: a PPO step trained the policy and then the critic with the policy's weights, grads
+def test_policy_is_offloaded_before_the_critic_loads():
+    """A PPO step trained the policy and then the critic with the policy's weights, grads
     and Adam state still resident; NeMo-RL's ppo.py has them off the GPUs whenever the value model is loaded
     (ppo.py:1166-1208, 1255-1287). CpuValue asserts the policy stand-in holds nothing at every
     prepare_for_inference/prepare_for_training; after the critic, the next step's refit reloads the weights
@@ -135,8 +135,8 @@ def ppo_on_stand_ins(*overrides: str):
     return events, session, ctx, problems
 
 
-def test_issue21_sft_step_on_the_nemo_backend_pieces():
-    """Issue 21 defect 7: the SFT baseline's step on the nemo backend sent no prev_logprobs (NemoPolicy.train
+def test_sft_step_on_the_nemo_backend_pieces():
+    """The SFT baseline's step on the nemo backend sent no prev_logprobs (NemoPolicy.train
     refused the batch), and padding rows carried global_tokens = 0, so a micro-batch of padding rows divided
     0 by 0 in sft_loss (NaN gradients). Three problems, DP 2 x micro-batch 1, padded to
     train_global_batch_size 32: 29 padding micro-batches; the step trains and every weight stays finite."""

@@ -79,7 +79,7 @@ def _natural_batch(b=6, t=16, vocab=32, seed=0):
 
 @pytest.mark.parametrize("kl", [0.0, 0.001, 0.3])
 def test_adapter_equals_clipped_pg_loss_through_nemo_input_preparation(kl):
-    """KL 0 and k3 KL penalties (issue 21 defect 7: NeMo-RL's KL carries exp(logp - logp.detach()) and clamps;
+    """KL 0 and k3 KL penalties (NeMo-RL's KL carries exp(logp - logp.detach()) and clamps;
     at 0.3 some tokens hit the output clamp) through NeMo-RL's own input preparation, in value and gradient."""
     from nemo_rl.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
     from nemo_rl.algorithms.loss.interfaces import LossInputType, LossType
@@ -331,12 +331,12 @@ def test_distill_entry_point_drives_nemo_distillation(tmp_path, monkeypatch):
     assert seen["env"][0] == "rubric" and seen["env"][1]["type"] == "rule"
     args = seen["train_args"]
     assert args[:3] == ("student", "teacher", "generation") and set(args[7]) == {"rubric"}
-    # the recipe next to NeMo-RL's checkpoints, for `rise-nemo eval RUN_DIR` (issue 12)
+    # the recipe next to NeMo-RL's checkpoints, for `rise-nemo eval RUN_DIR`
     assert "algorithm: distillation" in (tmp_path / "run" / "config.yaml").read_text()
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Issue 12: the cluster-path defects checked against NeMo-RL's real code (the CPU versions, with stand-ins,
+# The cluster-path defects checked against NeMo-RL's real code (the CPU versions, with stand-ins,
 # are in test_cluster_path.py).
 
 
@@ -350,7 +350,7 @@ def _megatron_like_policy_dir(root: Path, with_optimizer: bool, component: str =
     return root
 
 
-def test_issue12_resume_paths_equal_nemo_rl_checkpoint_manager(tmp_path):
+def test_resume_paths_equal_nemo_rl_checkpoint_manager(tmp_path):
     """Item 1: our resume rule gives what NeMo-RL's CheckpointManager.get_resume_paths gives."""
     import warnings
 
@@ -395,7 +395,7 @@ def _session_with_real_refit(monkeypatch):
     return session, NemoPolicy(session, behaviour_ratio=False), NemoGenerator(session), policy
 
 
-def test_issue12_save_after_real_refit_reloads_weights_first(tmp_path, monkeypatch):
+def test_save_after_real_refit_reloads_weights_first(tmp_path, monkeypatch):
     """Item 2: NeMo-RL's refit ends with policy.offload_after_refit (grpo.py:1961-1962); saving after an
     evaluation's window must call prepare_for_training first, as grpo_train does (grpo.py:2886)."""
     from rise_nemo.interfaces import SamplingParams
@@ -410,7 +410,7 @@ def test_issue12_save_after_real_refit_reloads_weights_first(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("name", ["opd_14b_teacher32b.yaml", "opd_4b_teacher14b.yaml"])
-def test_issue12_opd_master_config_checkpoints(name, tmp_path, monkeypatch):
+def test_opd_master_config_checkpoints(name, tmp_path, monkeypatch):
     """Item 3: NeMo-RL's distillation MasterConfig accepts the derived checkpointing block and its
     CheckpointManager is built from it (enabled, save_period, newest keep_top_k, no metric)."""
     from nemo_rl.algorithms import distillation
@@ -434,7 +434,7 @@ def test_issue12_opd_master_config_checkpoints(name, tmp_path, monkeypatch):
     assert manager.keep_top_k == recipe["train"]["keep_checkpoints"] and manager.metric_name is None
 
 
-def test_issue12_behaviour_ratio_reference_through_clipped_pg_loss():
+def test_behaviour_ratio_reference_through_clipped_pg_loss():
     """Item 4: NeMo-RL's ClippedPGLossFn takes prev_logprobs as pi_old. A coupled privileged row (sampled under
     the hinted prompt, placeholder sampler log-probs 0.0) must keep the trainer's log-probs as its reference,
     so with the current policy = the old policy every ratio is exactly 1 (before: exp(log p) < 1, clipped)."""
@@ -465,7 +465,7 @@ def test_issue12_behaviour_ratio_reference_through_clipped_pg_loss():
     assert float(metrics["probs_ratio_max"]) == pytest.approx(1.0, abs=1e-5)
 
 
-def test_issue12_real_policy_train_gets_a_constant_gbs(monkeypatch):
+def test_real_policy_train_gets_a_constant_gbs(monkeypatch):
     """Item 6: NeMo-RL's Policy.train forwards gbs to the workers, whose LR scheduler steps by it once per call
     (megatron_policy_worker.py:801-806) against warmup = iters x train_global_batch_size; our steps, with
     different row counts, must all train with gbs == train_global_batch_size, sharded by NeMo-RL itself."""
@@ -515,7 +515,7 @@ def _opd_recipe_paths(tmp_path, monkeypatch):
             f"data.eval_path={write_jsonl(tmp_path / 'eval.jsonl', make_prompts(2, 4))}"]
 
 
-def test_issue12_opd_eval_takes_the_checkpoint_nemo_rl_resumes_from(tmp_path, monkeypatch):
+def test_opd_eval_takes_the_checkpoint_nemo_rl_resumes_from(tmp_path, monkeypatch):
     """Item 3's end goal: NeMo-RL's own CheckpointManager, configured from the OPD recipe (the distillation
     MasterConfig rise_nemo builds), saves steps the way distillation_train does; `rise-nemo eval`'s layout
     lists the same finished checkpoints and picks the one NeMo-RL's get_latest_checkpoint_path resumes from.
@@ -546,7 +546,7 @@ def test_issue12_opd_eval_takes_the_checkpoint_nemo_rl_resumes_from(tmp_path, mo
     assert all(NEMO_RL_LAYOUT.is_complete(p) for _, p in NEMO_RL_LAYOUT.list(run_dir))
 
 
-def test_issue12_opd_student_built_from_the_checkpoint_with_nemo_rl_signatures(tmp_path, monkeypatch):
+def test_opd_student_built_from_the_checkpoint_with_nemo_rl_signatures(tmp_path, monkeypatch):
     """build() on an OPD recipe builds the student for evaluation as distillation.setup does, against
     NeMo-RL's real classes (autospec: every call must match the real signature): Megatron Policy loading
     <checkpoint>/policy/weights without optimizer, colocated VllmGeneration with the policy's model name,
@@ -591,7 +591,7 @@ def test_issue12_opd_student_built_from_the_checkpoint_with_nemo_rl_signatures(t
         policy_if.load_checkpoint(checkpoint.parent / "step_40" / "policy")
 
 
-def test_issue12_grpo_policy_built_from_the_checkpoint_it_is_given(tmp_path, monkeypatch):
+def test_grpo_policy_built_from_the_checkpoint_it_is_given(tmp_path, monkeypatch):
     """Resume and eval on a GRPO-family run: build_backend(cfg, checkpoint=) hands grpo.setup a policy factory that
     builds NeMo-RL's Policy from that checkpoint (an earlier one included), not the run's latest."""
     from nemo_rl.algorithms import grpo as grpo_mod
@@ -636,8 +636,8 @@ def test_issue12_grpo_policy_built_from_the_checkpoint_it_is_given(tmp_path, mon
 
 
 @pytest.mark.parametrize("v2", [None, False])
-def test_issue21_dtensor_recipe_names_the_v2_worker_it_inherits(v2, tmp_path, monkeypatch):
-    """Issue 21 defect 7: NeMo-RL's base config sets dtensor_cfg._v2: true, so a recipe that only turns DTensor
+def test_dtensor_recipe_names_the_v2_worker_it_inherits(v2, tmp_path, monkeypatch):
+    """NeMo-RL's base config sets dtensor_cfg._v2: true, so a recipe that only turns DTensor
     on gets the v2 worker, which needs nemo_automodel (absent in this venv and in many containers) and failed
     inside a Ray worker. build_master_config now refuses it naming the key; ``_v2: false`` (the v1 worker,
     the one that executes on CPU) passes NeMo-RL's MasterConfig."""

@@ -1,4 +1,4 @@
-"""The critic's explained variance in a real PPO step (issue 22 item 9): undefined (None, null in metrics.jsonl,
+"""The critic's explained variance in a real PPO step: undefined (None, null in metrics.jsonl,
 left out of the progress bar and the sinks) on a step where every rollout earned the same reward, a number
 otherwise."""
 

@@ -18,6 +18,7 @@ from rise_nemo.methods import get_method
 from rise_nemo.orchestration import exprl
 from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
 from rise_nemo.orchestration.run import build_trainer
+from rise_nemo.orchestration.tokens import find_tokenizer
 from rise_nemo.orchestration.trainer import read_metrics
 
 
@@ -108,9 +109,9 @@ def test_process_step_puts_segment_advantages_on_every_token_and_excludes_unknow
     adv, mask = captured["token_advantages"], captured["token_mask"].bool()
     assert torch.all(adv[~mask] == 0)
     assert float(captured["advantages"].abs().sum()) == 0.0  # no group normalisation: token advantages only
-    from rise_nemo.tasks.reasoning import reference_segment_scores
+    from rise_nemo.data.chain_task import reference_segment_scores
 
-    tok = exprl.find_tokenizer(ctx.generator)
+    tok = find_tokenizer(ctx.generator)
     row = 0
     for i, p in enumerate(problems):
         for j, text in enumerate([p.reference_solution, p.reference_solution.replace(" = ", " = 1", 1),
@@ -135,9 +136,9 @@ def test_process_advantages_match_the_formula_for_a_known_rollout(trainer_for):
     r = Rollout(list(p.messages), gen.encode_prompt(list(p.messages)), ids, gen.decode_response(ids), [0.0] * len(ids))
     trunc = Rollout(list(p.messages), r.prompt_token_ids, ids[:3], gen.decode_response(ids[:3]), [0.0] * 3, finished=False)
     scored = exprl.reference_scores(ctx, [p], [[r, trunc]])
-    spans, texts = exprl.rollout_segments(exprl.find_tokenizer(gen), r, "step")
+    spans, texts = exprl.rollout_segments(find_tokenizer(gen), r, "step")
     assert len(spans) == p.difficulty and texts[0].startswith("step a")
-    from rise_nemo.tasks.reasoning import reference_segment_scores
+    from rise_nemo.data.chain_task import reference_segment_scores
 
     s = [(x - 1) / 4 for x in reference_segment_scores(p.reference_solution, texts, "prefix")]
     want = [s[0] - s[-1]] + [s[k] - s[k - 1] for k in range(1, len(s))]
@@ -170,7 +171,7 @@ def test_outcome_unknown_is_excluded_from_group_statistics_and_truncated_scores_
 @pytest.mark.parametrize("rule", ["judge", "zero"])
 @pytest.mark.parametrize("method", ["exprl_outcome", "exprl_process"])
 def test_truncated_rollouts_follow_one_rule_in_both_modes(trainer_for, method, rule):
-    """Issue 22 item 11. ``judge`` (the default): a truncated rollout is graded on what it wrote, like a
+    """``judge`` (the default): a truncated rollout is graded on what it wrote, like a
     finished one, in both modes: a truncated copy of a rollout gets the finished one's reward (outcome) and its
     segment advantages (process). ``zero`` (the embedded recipes' setting): no judge call, score 0, which is a
     reward of 0 in outcome mode and all-zero advantages in process mode."""

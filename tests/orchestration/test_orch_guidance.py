@@ -1,4 +1,5 @@
-"""Issue-13 options through the real loop: masks reach the batch, drops/gating are logged, resume is exact."""
+"""Our guidance extensions (docs/DESIGN.md §2) through the real loop: masks reach the batch, drops/gating are
+logged, resume is exact."""
 
 from __future__ import annotations
 

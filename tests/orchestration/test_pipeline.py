@@ -51,7 +51,7 @@ def test_stage_two_starts_from_stage_one_final_weights_and_the_report_covers_bot
     assert json.loads((s1 / "summary.json").read_text())["method"] == "exprl_process"
     assert json.loads((s2 / "summary.json").read_text())["method"] == "grpo"
     assert (s1 / "eval" / "step_000002.json").is_file() and (s2 / "eval" / "step_000000.json").is_file()
-    # Issue 22 item 10: Stage I's final evaluation and Stage II's step-0 evaluation are of the same weights and
+    # Stage I's final evaluation and Stage II's step-0 evaluation are of the same weights and
     # sample the same stream (Stage II's steps continue Stage I's: eval.stream_offset 2), so they agree exactly.
     final1 = json.loads((s1 / "eval" / "step_000002.json").read_text())
     start2 = json.loads((s2 / "eval" / "step_000000.json").read_text())
@@ -169,7 +169,7 @@ def main_eval_unwrapped(run_dir: Path) -> None:
     evaluate.run(argparse.Namespace(items=[str(run_dir)], config=None, checkpoint=None, out=None))
 
 
-# -- issue 22 item 13 -----------------------------------------------------------------------------------------
+# -- bad pipeline files and stage overrides ------------------------------------------------------------------
 
 def test_a_bad_stage_override_names_the_file_and_stage_and_leaves_no_directory(pipeline_file, capsys):
     data = yaml.safe_load(pipeline_file.read_text())

@@ -1,4 +1,4 @@
-"""pass@k of an evaluation whose verifier leaves samples undecided (issue 22 item 13): a problem with fewer than
+"""pass@k of an evaluation whose verifier leaves samples undecided: a problem with fewer than
 k decided samples is left out of pass@k and counted, and the printed table says so."""
 
 from __future__ import annotations

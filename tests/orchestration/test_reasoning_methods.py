@@ -54,7 +54,7 @@ def test_resumed_reasoning_run_reproduces_the_uninterrupted_run_exactly(tmp_path
     else:
         assert "critic/value_loss" not in a[0]
     rise_only = sorted({k for m in a for k in m if k == "loss/guide" or k.startswith("guide/")})
-    assert rise_only == [], rise_only  # issue 22 item 13: no RISE-only keys in PPO / GRPO metrics
+    assert rise_only == [], rise_only  # no RISE-only keys in PPO / GRPO metrics
     ev = _evals(full)["step_000002.json"]
     assert ev["kind"] == "reasoning" and set(ev["levels"]) == {"1", "2", "3"}
     assert set(ev["levels"]["1"]["pass_at_k"]) == {"1", "2"}
@@ -146,11 +146,11 @@ def test_eval_command_and_report_on_a_reasoning_run(tmp_path, capsys):
 
 @pytest.mark.parametrize("method", ["sft", "grpo", "ppo"])
 def test_the_progress_bar_shows_only_what_the_method_logs(tmp_path, method):
-    """issue 22 item 13: the SFT bar showed r=-, ev=-, pg=- (GRPO's ev=- too): every column is a logged value."""
+    """The SFT bar showed r=-, ev=-, pg=- (GRPO's ev=- too): every column is a logged value."""
     trainer = build_trainer(_cfg(tmp_path / method, method, steps=1))
     assert trainer.run() == 0
     last = read_metrics(tmp_path / method)[-1]
     shown = {short: last.get(key) for key, short in trainer._progress_keys}
-    # (PPO's explained variance is undefined, '-', on a step whose returns are all equal: issue 22 item 9)
+    # (PPO's explained variance is undefined, '-', on a step whose returns are all equal)
     assert shown and all(v is not None for k, v in shown.items() if k != "ev"), shown
     assert ("nll" in shown) == (method == "sft") and ("ev" in shown) == (method == "ppo"), shown

@@ -1,4 +1,4 @@
-"""Reasoning report plots (issue 22 item 8) on small synthetic run directories written in the trainer's format
+"""Reasoning report plots on small synthetic run directories written in the trainer's format
 (metrics.jsonl, config.yaml, eval/step_*.json; a pipeline directory with pipeline.json): one timeline for a
 pipeline's stages with the boundary marked, judge scores and 0/1 verifier rewards never on one axis, no empty
 critic panel, pass@k legends that say before/after and stay off the data, pass-vs-step over the training

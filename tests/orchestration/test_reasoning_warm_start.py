@@ -1,4 +1,4 @@
-"""The warm-start property check of issue 9 (rise_nemo/orchestration/reasoning_warm_start.py) and the pooled
+"""The warm-start property check (rise_nemo/orchestration/reasoning_warm_start.py) and the pooled
 pass@k the reasoning demo prints, on hand-made evaluation results."""
 
 from __future__ import annotations

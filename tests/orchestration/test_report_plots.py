@@ -1,4 +1,4 @@
-"""Report plots (issue 14, item 10): integer step axes, labelled y axes, rates in %, the guidance switch on
+"""Report plots: integer step axes, labelled y axes, rates in %, the guidance switch on
 every plot over steps, retention as counts with their totals, one legend per figure."""
 
 from __future__ import annotations

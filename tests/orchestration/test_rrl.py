@@ -14,12 +14,12 @@ from tiny_task import chain_recipe
 from rise_nemo.config import config_from_dict
 from rise_nemo.config.loader import ConfigError
 from rise_nemo.core.logprobs import token_logprobs
+from rise_nemo.data.chain_task import step_prefixes
 from rise_nemo.orchestration import checkpoint as ckpt
 from rise_nemo.orchestration.reasoning_step import reasoning_train_step
 from rise_nemo.orchestration.run import build_trainer
 from rise_nemo.orchestration.step import make_policy_loss_fn
 from rise_nemo.orchestration.trainer import read_metrics
-from rise_nemo.tasks.reasoning import step_prefixes
 
 # Two training problems (one per level), two per step: every step revisits both, so states replay from step 2.
 DATA = {"source": "chain_arithmetic", "warm_start_cache": None,
@@ -73,7 +73,7 @@ def test_resume_with_a_non_empty_buffer_is_exact(tmp_path):
                 "diversity/ppl_variance"):
         assert key in a[-1], key
     rise_only = sorted({k for m in a for k in m if k == "loss/guide" or k.startswith("guide/")})
-    assert rise_only == [], rise_only  # issue 22 item 13: no RISE-only keys in RRL's metrics
+    assert rise_only == [], rise_only  # no RISE-only keys in RRL's metrics
 
 
 def test_replayed_state_tokens_get_zero_gradient_and_gae_starts_at_the_state(tmp_path):
@@ -195,16 +195,16 @@ def test_config_errors_name_the_key(override, key):
 
 
 def test_default_granularity_cuts_real_solutions_and_one_that_cuts_nothing_is_refused(tmp_path, caplog):
-    """Issue 22 item 11: the default cut a literal "step" marker, which real solutions (GSM8K) never write, so
+    """The default cut a literal "step" marker, which real solutions (GSM8K) never write, so
     no state was ever stored. The default is now line breaks; a granularity that cuts none of the training
     references is refused in one line naming the key, also through build_trainer."""
     import dataclasses
 
     from rise_nemo.core.replay import state_boundaries
+    from rise_nemo.data.chain_task import make_chain_task
     from rise_nemo.data.reasoning import load_reasoning_problems
     from rise_nemo.errors import UserError
     from rise_nemo.orchestration.rrl import check_granularity
-    from rise_nemo.tasks.reasoning import make_chain_task
 
     gsm8k = load_reasoning_problems(Path(__file__).parents[1] / "data" / "fixtures" / "gsm8k_test_first8.jsonl").problems
     default = config_from_dict({"method": "rrl"})

@@ -1,4 +1,4 @@
-"""What a user reads from a run (issue 14, items 5 and 8): no evaluation of nulls, a real reward of 0
+"""What a user reads from a run: no evaluation of nulls, a real reward of 0
 logged as 0, judge counters in metrics.jsonl."""
 
 from __future__ import annotations

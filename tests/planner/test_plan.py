@@ -188,7 +188,7 @@ def test_cli_exit_codes_and_no_torch(tmp_path):
 
 
 def test_global_batch_must_hold_every_row_of_a_step():
-    """Issue 12 item 6: the nemo backend pads every step to train_global_batch_size rows (Megatron's scheduler
+    """The nemo backend pads every step to train_global_batch_size rows (Megatron's scheduler
     advances by the gbs of each train call), so it must hold natural + privileged rows."""
     tree = tiny_tree()
     tree["method"] = "rise"

@@ -58,7 +58,7 @@ def test_recipe_loads_validates_and_plans(name):
 
 @pytest.mark.parametrize("name,rows", [("rubric_rl_14b.yaml", 512), ("ruscarl_14b.yaml", 512), ("rise_14b.yaml", 1024)])
 def test_global_batch_is_the_rows_of_one_step(name, rows):
-    """Issue 12: Rubric-RL and RuscaRL train 64 x 8 natural rows only; inheriting rise_14b's 1024 (64 x (8 + 8))
+    """Rubric-RL and RuscaRL train 64 x 8 natural rows only; inheriting rise_14b's 1024 (64 x (8 + 8))
     would pad every step with 512 masked rows."""
     assert load(name)["nemo"]["policy"]["train_global_batch_size"] == rows
 
@@ -118,7 +118,7 @@ def _broken(name: str, mutate) -> dict:
     (lambda t: t.__setitem__("nemo", {}), "recipe key nemo: missing or empty"),
     (lambda t: t["nemo"]["policy"]["generation"]["vllm_cfg"].__setitem__("kv_cache_dtype", "fp8"),
      "kv_cache_dtype: fp8 KV cache is not supported"),
-    # Issue 12 item 7: NeMo-RL v0.7.0 builds VllmAsyncGenerationWorker for async_engine
+    # NeMo-RL v0.7.0 builds VllmAsyncGenerationWorker for async_engine
     # (vllm_generation.py:188-189), whose self.llm stays None, so the sync generate asserts (vllm_worker.py:681).
     (lambda t: t["nemo"]["policy"]["generation"]["vllm_cfg"].__setitem__("async_engine", True),
      "nemo.policy.generation.vllm_cfg.async_engine: must be false"),
@@ -229,7 +229,7 @@ def test_exprl_recipes_carry_the_issue_settings():
 
 
 def test_apps_recipes_are_the_math_setup_on_code():
-    """Issue 25: RRL and its PPO baseline on APPS with DeepSeek-Coder-6.7B-Instruct: the paper's settings of the
+    """RRL and its PPO baseline on APPS with DeepSeek-Coder-6.7B-Instruct: the paper's settings of the
     math recipes, the APPS format (graded by the sandboxed unit-test reward), the coder model, replay as RRL."""
     ppo, rrl, math = (load(n) for n in ("ppo_apps_deepseek_coder_6.7b.yaml", "rrl_apps_deepseek_coder_6.7b.yaml",
                                          "ppo_math_7b.yaml"))

@@ -1,4 +1,4 @@
-"""Sandbox + RRL together on the local backend (issue 25, item 7): a recipe with ``data.format: apps`` trains a
+"""Sandbox + RRL together on the local backend: a recipe with ``data.format: apps`` trains a
 tiny model for two RRL steps on one-line programming problems, every rollout graded by the sandboxed
 unit-test reward (the tiny model need not be good at it: its programs are mostly syntax errors)."""
 

@@ -2,7 +2,7 @@
 
 The session fixture writes munge and Slurm configuration into a temporary directory, starts munged,
 slurmctld and slurmd as daemons (no systemd), and stops each of them by PID at the end. Configuration
-facts measured on the CI machines (issue 6): proctrack/linuxproc and task/none (no cgroups in the
+facts measured on the CI machines: proctrack/linuxproc and task/none (no cgroups in the
 container), EnforcePartLimits=ALL (impossible jobs are refused instead of pending forever),
 AuthInfo cred_expire=10 (a requeued job starts again after ~10 s instead of 120 s), scheduler passes
 every 2 s (a requeued job waits for the next pass once eligible; the default is up to 60 s), a small MinJobAge,

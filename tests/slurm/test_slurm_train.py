@@ -1,6 +1,6 @@
 """`sbatch slurm/rise_tiny_cpu.sh` on a real single-node Slurm, running the real `rise-nemo train`.
 
-Covers issue 6's acceptance: a short run's metrics and exit code, `scontrol requeue` mid-run resuming
+Covers: a short run's metrics and exit code, `scontrol requeue` mid-run resuming
 from the checkpoint with no step lost or repeated, the time-limit signal (USR1 to the batch shell,
 forwarded to the driver, which checkpoints; the launcher requeues the job) and a failing driver's exit
 code reaching the job.

@@ -162,7 +162,7 @@ def test_each_behaviour_meets_exactly_its_own_check():
     """Responses built with one pool behaviour meet that behaviour's criterion and no other one, on every
     topic (the checks are exact, so coverage numbers mean what the criterion text says)."""
     from rise_nemo.core.rubric import Criterion, Rubric
-    from rise_nemo.data.persistent_task import PERSISTENT_POOL, _response_text
+    from rise_nemo.data.persistent_task import PERSISTENT_POOL, response_text
 
     pool_rubric = Rubric(tuple(Criterion(b.criterion, 1.0, check=b.check) for b in PERSISTENT_POOL))
     judge = RuleJudge()
@@ -170,7 +170,7 @@ def test_each_behaviour_meets_exactly_its_own_check():
     rng = random.Random(0)
     for p in task.heldout:
         for k, b in enumerate(PERSISTENT_POOL):
-            text = _response_text(p, [b.name], guaranteed=True, rng=rng)
+            text = response_text(p, [b.name], guaranteed=True, rng=rng)
             verdicts = judge.judge([JudgeRequest(p.messages, text, pool_rubric, p.prompt_id)])[0]
             assert verdicts == [j == k for j in range(len(PERSISTENT_POOL))], (b.name, text)
 

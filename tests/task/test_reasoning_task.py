@@ -6,17 +6,16 @@ import random
 
 import pytest
 
-from rise_nemo.tasks.reasoning import (
+from rise_nemo.data.chain_task import (
     ReasoningTaskError,
-    ReasoningWarmStartConfig,
     RuleArithmeticVerifier,
     make_chain_task,
-    noisy_solution,
     parse_chain,
     problem_chain,
     step_accuracy,
     step_prefixes,
 )
+from rise_nemo.tasks.reasoning import ReasoningWarmStartConfig, noisy_solution
 
 
 def test_task_is_seeded_covers_every_level_and_holds_out_instances():

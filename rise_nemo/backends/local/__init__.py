@@ -16,9 +16,10 @@ defaults are documented in ``rise_nemo.backends.local.config`` and unknown keys 
 naming the key. The policy and generator share one model (``policy.engine is generator.engine``): a
 generation after ``train`` samples from the updated weights.
 
-Extras beyond interfaces.Policy / Generator (used by the warm start and checkpoints):
+Extras beyond interfaces.Policy / Generator (used by the warm starts, pipeline stages and checkpoints):
 ``generator.encode_response(text)`` (ids + EOS), ``policy.reset_optimizer(lr=None)``,
-``policy.save_pretrained(path)``, ``policy.tokenizer``, ``policy.engine.fingerprint()``.
+``policy.begin_stage(checkpoint=None)``, ``policy.save_pretrained(path)``, ``policy.tokenizer``,
+``policy.engine.fingerprint()``.
 """
 
 from __future__ import annotations

@@ -105,6 +105,17 @@ class LocalPolicy:
         """Fresh AdamW state (e.g. after a supervised warm start); ``lr`` defaults to ``local.lr``."""
         self.optimizer = self._new_optimizer(self.engine.cfg.lr if lr is None else lr)
 
+    def begin_stage(self, checkpoint: str | Path | None = None) -> None:
+        """A new training stage (a pipeline's next stage): from the model weights saved in ``checkpoint``
+        (a policy checkpoint directory, as ``save_checkpoint`` writes it), else from the current ones; a fresh
+        optimiser at ``local.lr``, no KL reference yet (the next KL term snapshots these weights), step
+        counter 0. FileNotFoundError when ``checkpoint`` holds no saved state."""
+        if checkpoint is not None:
+            self.model.load_state_dict(load_state(checkpoint)["model"])
+        self.reset_optimizer()
+        self.reference = None
+        self.train_steps = 0
+
     # ---- log-probs -------------------------------------------------------------------------------
 
     def _logits_and_logprobs(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

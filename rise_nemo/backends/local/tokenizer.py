@@ -13,7 +13,7 @@ appends it to every target response.
 
 Named built-in vocabularies (``local.tokenizer: builtin:<name>``) are resolved by ``builtin_tokenizer``;
 the demo's is ``builtin:persistent_task`` (rise_nemo.data.persistent_task.vocabulary_corpus); the
-reasoning task's is ``builtin:reasoning_task`` (rise_nemo.tasks.reasoning.vocabulary_corpus).
+reasoning task's is ``builtin:reasoning_task`` (rise_nemo.data.chain_task.vocabulary_corpus).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def builtin_tokenizer(name: str):
 
         return build_word_tokenizer(vocabulary_corpus())
     if name == "reasoning_task":
-        from rise_nemo.tasks.reasoning import vocabulary_corpus as reasoning_corpus
+        from rise_nemo.data.chain_task import vocabulary_corpus as reasoning_corpus
 
         return build_word_tokenizer(reasoning_corpus())
     raise ValueError(f"local.tokenizer: unknown built-in tokenizer 'builtin:{name}'; known: "

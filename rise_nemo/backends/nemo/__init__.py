@@ -31,7 +31,7 @@ from rise_nemo.backends.nemo.config import (
     build_master_config,
     validate_nemo_block,
 )
-from rise_nemo.planner.layout import get
+from rise_nemo.recipe_keys import get
 
 NEMO_RL_COMMIT = "81aa43dda4765b0429cf31dab44441e4e4383911"  # tag v0.7.0
 log = logging.getLogger("rise_nemo.backends.nemo")
@@ -119,8 +119,8 @@ def build_critic(cfg: Any, policy: Any, *, checkpoint: str | Path | None = None)
     """A ``NemoCritic`` on NeMo-RL's ``Value`` for a recipe with a ``nemo.value`` block (PPO-style methods).
 
     The value model goes on the policy's training cluster, configured from the policy
-    (``critic.value_config``) plus the block's overrides; NeMo-RL loads weights only when it is built, so a
-    resumed run passes its ``checkpoint`` (the value model comes from ``<checkpoint>/critic``)."""
+    (``rise_nemo.planner.critic.value_config``) plus the block's overrides; NeMo-RL loads weights only when it
+    is built, so a resumed run passes its ``checkpoint`` (the value model comes from ``<checkpoint>/critic``)."""
     recipe = plain_recipe(cfg)
     overrides = (recipe.get("nemo") or {}).get("value")
     if overrides is None:

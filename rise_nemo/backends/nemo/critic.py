@@ -42,8 +42,8 @@ from rise_nemo.backends.nemo.batch import (
     pad_train_batch,
     sum_microbatch_metrics,
 )
-from rise_nemo.backends.nemo.config import value_config
 from rise_nemo.backends.nemo.loss import Objective, RiseLossFunction, _nemo_enums
+from rise_nemo.planner.critic import value_config
 
 VALUE_REQUIRED_KEYS = ("input_ids", "input_lengths", "token_mask", "sample_mask", "returns")
 

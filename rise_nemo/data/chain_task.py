@@ -1,0 +1,288 @@
+"""Chained modular arithmetic: the embedded verifiable reasoning task (docs/DESIGN.md §7).
+
+A problem of difficulty L is a start value and L operations ``add k`` / ``sub k`` (k in 1..operand_max,
+default 5), all modulo a prime M (default 61, so a guessed final answer is right ~1.6% of the time)::
+
+    prompt     mod 61 start 17 a add 3 b sub 5 c add 4
+    reference  step a add 3 = 20 step b sub 5 = 15 step c add 4 = 19 answer 19
+
+Operations carry letter labels a, b, c, ... so that a step can find its operation in the prompt by the
+label (an induction-head lookup a 2-layer model learns quickly); without labels, repeated operations make
+"the i-th operation" a counting problem the tiny model fails at. Every step is marked by ``step`` and
+states its label, operation and intermediate result, so a response is
+checkable step by step (``step_accuracy``) and RRL can cut the clean reference into canonical states at
+step boundaries (``step_prefixes``). The answer is checked by ``RuleArithmeticVerifier`` (last
+``answer N`` of the response).
+
+The warm start that trains the tiny model on this task is ``rise_nemo.tasks.reasoning``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+
+from rise_nemo.core.problem import ReasoningProblem
+
+TASK_VERSION = 2
+MAX_MODULUS = 128  # the built-in vocabulary holds the numbers 0..127
+LABELS = "abcdefghijkl"  # operation labels; at most 12 steps
+STEP, ANSWER = "step", "answer"
+OPS = {"add": 1, "sub": -1}
+_ANSWER_RE = re.compile(r"\banswer\s+(-?\d+)")
+_STEP_RE = re.compile(r"\bstep\s+[a-l]\s+(add|sub)\s+(\d+)\s*=\s*(-?\d+)")
+_PROBLEM_RE = re.compile(r"^mod (\d+) start (\d+)((?: [a-l] (?:add|sub) \d+)+)$")
+
+
+class ReasoningTaskError(ValueError):
+    """Invalid ``data.task`` / ``data.warm_start`` key for the reasoning task; the message names the key."""
+
+
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
+
+
+@dataclass(frozen=True)
+class ChainTaskConfig:
+    """``data.task`` keys of the reasoning task (unknown keys raise)."""
+
+    seed: int = 0
+    modulus: int = 61  # prime >= 61: a guessed answer is right ~1/modulus of the time
+    max_steps: int = 10  # difficulty levels 1..max_steps
+    operand_max: int = 5  # operands 1..operand_max
+    train_per_level: int = 64  # RL training problems per level
+    heldout_per_level: int = 16  # held-out evaluation problems per level (never in the warm start)
+    train_levels: tuple[int, ...] | None = None  # levels of the RL training set; None = all
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping | None) -> ChainTaskConfig:
+        raw = dict(cfg or {})
+        known = {f.name for f in fields(cls)}
+        for key in raw:
+            if key not in known:
+                raise ReasoningTaskError(f"data.task.{key}: unknown key for the reasoning task; known keys: "
+                                         f"{sorted(known)}")
+        if raw.get("train_levels") is not None:
+            raw["train_levels"] = tuple(int(x) for x in raw["train_levels"])
+        out = cls(**raw)
+        if not _is_prime(out.modulus) or not 61 <= out.modulus <= MAX_MODULUS:
+            raise ReasoningTaskError(f"data.task.modulus: expected a prime in [61, {MAX_MODULUS}], got {out.modulus}")
+        if not 1 <= out.max_steps <= len(LABELS):
+            raise ReasoningTaskError(f"data.task.max_steps: expected 1..{len(LABELS)}, got {out.max_steps!r}")
+        for key in ("operand_max", "train_per_level", "heldout_per_level"):
+            if int(getattr(out, key)) < 1:
+                raise ReasoningTaskError(f"data.task.{key}: expected an integer >= 1, got {getattr(out, key)!r}")
+        if out.operand_max >= out.modulus:
+            raise ReasoningTaskError(f"data.task.operand_max: must be < modulus {out.modulus}")
+        for level in out.train_levels or ():
+            if not 1 <= level <= out.max_steps:
+                raise ReasoningTaskError(f"data.task.train_levels: level {level} outside 1..{out.max_steps}")
+        return out
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One instance: start value and operations [(sign, k)]."""
+
+    modulus: int
+    start: int
+    ops: tuple[tuple[str, int], ...]
+
+    @property
+    def key(self) -> tuple:
+        return (self.modulus, self.start, self.ops)
+
+    def values(self) -> list[int]:
+        """The clean intermediate results, one per step."""
+        out, v = [], self.start
+        for op, k in self.ops:
+            v = (v + OPS[op] * k) % self.modulus
+            out.append(v)
+        return out
+
+    def prompt_text(self) -> str:
+        return f"mod {self.modulus} start {self.start} " + " ".join(
+            f"{LABELS[i]} {op} {k}" for i, (op, k) in enumerate(self.ops))
+
+    def solution_text(self, written: Sequence[int] | None = None) -> str:
+        """The step-by-step solution; ``written`` overrides the intermediate results (noisy SFT targets)."""
+        vals = self.values() if written is None else list(written)
+        steps = " ".join(f"{STEP} {LABELS[i]} {op} {k} = {v}" for i, ((op, k), v) in enumerate(zip(self.ops, vals)))
+        return f"{steps} {ANSWER} {vals[-1]}"
+
+    def problem(self, prompt_id: str) -> ReasoningProblem:
+        return ReasoningProblem(
+            prompt_id=prompt_id,
+            messages=({"role": "user", "content": self.prompt_text()},),
+            reference_solution=self.solution_text(),
+            answer=str(self.values()[-1]),
+            difficulty=len(self.ops),
+        )
+
+
+def random_chain(rng: random.Random, modulus: int, steps: int, operand_max: int) -> Chain:
+    ops = tuple((rng.choice(tuple(OPS)), rng.randint(1, operand_max)) for _ in range(steps))
+    return Chain(modulus, rng.randrange(modulus), ops)
+
+
+def parse_chain(text: str) -> Chain:
+    """The Chain a prompt text describes (inverse of ``Chain.prompt_text``)."""
+    m = _PROBLEM_RE.match(text.strip())
+    if not m:
+        raise ValueError(f"not a chained-arithmetic problem: {text!r}")
+    toks = m.group(3).split()
+    if toks[0::3] != list(LABELS[: len(toks) // 3]):
+        raise ValueError(f"operation labels out of order in {text!r}")
+    return Chain(int(m.group(1)), int(m.group(2)), tuple((toks[i + 1], int(toks[i + 2])) for i in range(0, len(toks), 3)))
+
+
+def problem_chain(problem: ReasoningProblem) -> Chain:
+    return parse_chain(problem.messages[-1]["content"])
+
+
+@dataclass
+class ChainTask:
+    cfg: ChainTaskConfig
+    train: list[ReasoningProblem]
+    heldout: list[ReasoningProblem]
+    heldout_keys: frozenset
+
+    def fingerprint(self) -> str:
+        spec = {"cfg": asdict(self.cfg), "version": TASK_VERSION}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+    def warm_start_fingerprint(self) -> str:
+        """What the warm start depends on: the instance distribution and the held-out set (not the RL
+        training levels), so recipes that differ only in their RL training set share one cached warm start."""
+        c = self.cfg
+        spec = {"seed": c.seed, "modulus": c.modulus, "max_steps": c.max_steps, "operand_max": c.operand_max,
+                "heldout_per_level": c.heldout_per_level, "version": TASK_VERSION}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+    def sample_sft_chain(self, rng: random.Random, steps: int) -> Chain:
+        """A fresh instance of ``steps`` steps that is not held out."""
+        while True:
+            chain = random_chain(rng, self.cfg.modulus, steps, self.cfg.operand_max)
+            if chain.key not in self.heldout_keys:
+                return chain
+
+
+def make_chain_task(**kwargs) -> ChainTask:
+    """Training and held-out problems for every level, generated from ``seed`` (disjoint instances)."""
+    cfg = ChainTaskConfig.from_mapping(kwargs)
+    rng = random.Random(f"chain-task-{cfg.seed}")
+    heldout, seen = [], set()
+    for level in range(1, cfg.max_steps + 1):
+        for i in range(cfg.heldout_per_level):
+            chain = random_chain(rng, cfg.modulus, level, cfg.operand_max)
+            seen.add(chain.key)
+            heldout.append(chain.problem(f"chain-heldout-L{level:02d}-{i:03d}"))
+    train = []
+    for level in cfg.train_levels or range(1, cfg.max_steps + 1):
+        i = 0
+        while i < cfg.train_per_level:
+            chain = random_chain(rng, cfg.modulus, level, cfg.operand_max)
+            if chain.key in seen:
+                continue
+            train.append(chain.problem(f"chain-train-L{level:02d}-{i:03d}"))
+            i += 1
+    return ChainTask(cfg, train, heldout, frozenset(seen))
+
+
+def vocabulary_corpus() -> list[str]:
+    """Every word the task's prompts and responses use (the built-in ``reasoning_task`` tokenizer)."""
+    return ["mod start add sub step answer =", " ".join(LABELS), " ".join(str(n) for n in range(MAX_MODULUS))]
+
+
+# ---- checking ------------------------------------------------------------------------------------
+
+
+def final_answer(response: str) -> str | None:
+    found = _ANSWER_RE.findall(response)
+    return found[-1] if found else None
+
+
+class RuleArithmeticVerifier:
+    """interfaces.Verifier for the chained-arithmetic task: the response's last ``answer N`` equals the
+    problem's answer. Always decidable (a response without an answer is wrong, never unknown)."""
+
+    def verify(self, problems: Sequence[ReasoningProblem], responses: Sequence[str]) -> list[bool | None]:
+        if len(problems) != len(responses):
+            raise ValueError(f"verify: {len(problems)} problems but {len(responses)} responses")
+        return [final_answer(r) == p.answer for p, r in zip(problems, responses)]
+
+
+def step_accuracy(problem: ReasoningProblem, response: str) -> tuple[int, int]:
+    """(locally correct steps, steps written): step i is correct when it names the problem's i-th
+    operation and applies it correctly to the value the response itself wrote before it (so one error
+    is counted once, not in every later step)."""
+    chain = problem_chain(problem)
+    prev, correct, total = chain.start, 0, 0
+    for i, (op, k, v) in enumerate(_STEP_RE.findall(response)):
+        total += 1
+        value = int(v)
+        if i < len(chain.ops) and (op, int(k)) == chain.ops[i] and value == (prev + OPS[op] * int(k)) % chain.modulus:
+            correct += 1
+        prev = value
+    return correct, total
+
+
+def step_prefixes(problem: ReasoningProblem) -> list[str]:
+    """The clean reference cut after each of its first 0..L-1 steps (RRL's canonical states), as text."""
+    chain = problem_chain(problem)
+    vals = chain.values()
+    parts = [f"{STEP} {LABELS[i]} {op} {k} = {v}" for i, ((op, k), v) in enumerate(zip(chain.ops, vals))]
+    return [" ".join(parts[:i]) for i in range(len(parts))]
+
+
+# ---- the embedded reference judge (ExpRL, docs/DESIGN.md §8) ------------------------------------
+#
+# Mapping onto ExpRL's 1-5 scale, from the reference's checkable intermediate results only (the judge reads
+# the reference text, never the Chain): with the reference's L steps r_1..r_L (label, operation, result),
+#   outcome / prefix   5  when the attempt writes exactly the L reference steps and the reference's answer;
+#                      else 1 + ceil(3 m / L), m = positions i <= L whose written step equals r_i (so 1..4:
+#                      1 = no reference result reached, 2 = at least one, 4 = every step right but the answer
+#                      missing or wrong). Ceil, not floor: one correct result is already "a relevant idea".
+#   one segment alone  the segment's items (its steps, found by their labels, and an ``answer``) compared
+#                      with the reference's: 1 + round(4 c / items) for c correct items; 1 with no item.
+
+_LABELLED_STEP_RE = re.compile(r"\bstep\s+([a-l])\s+(add|sub)\s+(\d+)\s*=\s*(-?\d+)")
+
+
+def _written_steps(text: str) -> list[tuple[str, str, int, int]]:
+    return [(lab, op, int(k), int(v)) for lab, op, k, v in _LABELLED_STEP_RE.findall(text)]
+
+
+def reference_score(reference: str, response: str) -> int:
+    """The embedded judge's 1-5 score of a whole attempt (or a prefix of one) against the reference (above)."""
+    ref, got = _written_steps(reference), _written_steps(response)
+    if not ref:
+        raise ValueError(f"reference has no checkable step: {reference!r}")
+    matched = sum(1 for i, step in enumerate(got[: len(ref)]) if step == ref[i])
+    if matched == len(ref) and len(got) == len(ref) and final_answer(response) == final_answer(reference):
+        return 5
+    return 1 + -(-3 * matched // len(ref))  # 1 + ceil(3 m / L)
+
+
+def reference_segment_scores(reference: str, segments: Sequence[str], view: str = "segment") -> list[int]:
+    """One 1-5 score per segment: ``prefix`` scores segments 1..k together (``reference_score``),
+    ``segment`` scores each segment alone by its labelled steps and answer (above)."""
+    if view == "prefix":
+        return [reference_score(reference, " ".join(segments[: k + 1])) for k in range(len(segments))]
+    if view != "segment":
+        raise ValueError(f"segment view must be 'segment' or 'prefix', got {view!r}")
+    ref = {step[0]: step for step in _written_steps(reference)}
+    ref_answer = final_answer(reference)
+    out = []
+    for seg in segments:
+        items = [step == ref.get(step[0]) for step in _written_steps(seg)]
+        answers = _ANSWER_RE.findall(seg)
+        if answers:
+            items.append(answers[-1] == ref_answer)
+        out.append(1 + round(4 * sum(items) / len(items)) if items else 1)
+    return out
+

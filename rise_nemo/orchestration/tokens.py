@@ -1,0 +1,24 @@
+"""Text <-> tokens through whichever backend's generator a step holds (ExpRL segments and reference
+solutions, RRL's canonical states)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def find_tokenizer(generator: Any) -> Any:
+    """The backend's tokenizer (local: ``engine.tokenizer``; nemo: ``session.tokenizer``)."""
+    for owner in (generator, getattr(generator, "engine", None), getattr(generator, "session", None)):
+        tok = getattr(owner, "tokenizer", None)
+        if tok is not None:
+            return tok
+    raise ValueError(f"{type(generator).__name__} exposes no tokenizer (ExpRL-Process segments rollouts "
+                     "with it, RRL cuts reference states with it)")
+
+
+def encode_response(generator: Any, text: str) -> list[int]:
+    """Response text -> token ids ending with EOS, as a finished generation would be (reference solutions)."""
+    if hasattr(generator, "encode_response"):
+        return list(generator.encode_response(text))
+    tok = find_tokenizer(generator)
+    return list(tok.encode(text, add_special_tokens=False)) + [int(tok.eos_token_id)]
