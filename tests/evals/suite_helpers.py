@@ -1,0 +1,33 @@
+"""Shared helpers of the suite tests: responses files and the CLI in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rise_nemo.cli import main
+
+
+def write_responses(path: Path, rows) -> Path:
+    """rows: (index, response) pairs -> a responses JSONL."""
+    path.write_text("".join(json.dumps({"index": i, "response": r}) + "\n" for i, r in rows))
+    return path
+
+
+def reference_rows(suite, items, shift: int = 0):
+    """(index, the reference response of item index+shift): shift 0 = right answers, else shuffled."""
+    n = len(items)
+    return [(it.index, suite.reference_response(items[(k + shift) % n])) for k, it in enumerate(items)]
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    rc = main([str(a) for a in argv])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def score_fields(out: str) -> dict[str, str]:
+    """The key=value fields of the output's last line, which must be the SCORE line."""
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("SCORE suite="), last
+    return dict(part.split("=", 1) for part in last.split()[1:])
