@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.responses:
         raise UserError("give --responses FILE (JSONL, {\"index\": N, \"response\": TEXT} per line)")
     suite = get_suite(args.suite)
+    suite.seed = args.seed
     out = Path(args.out) if args.out else Path(args.responses).parent / "suites"
     check_output_path(out, "--out", directory=True)
     items = suite.load(args.data)

@@ -18,6 +18,8 @@ SUITES: dict[str, str] = {
     "aime": "rise_nemo.evals.math:AIME",
     "math500": "rise_nemo.evals.math:Math500",
     "gsm8k": "rise_nemo.evals.math:GSM8K",
+    "gpqa_diamond": "rise_nemo.evals.mc:GPQADiamond",
+    "medqa": "rise_nemo.evals.mc:MedQA",
 }
 
 __all__ = ["SUITES", "get_suite", "list_suites"]

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rise_nemo.core.metrics import pass_at_k
 from rise_nemo.errors import UserError
 
 __all__ = ["EvalItem", "ScoreContext", "SuiteResult", "Suite", "read_responses", "score_line",
-           "write_result", "read_jsonl_rows", "load_rows", "packaged_data"]
+           "write_result", "read_jsonl_rows", "load_rows", "packaged_data", "pass_table"]
 
 PACKAGE_DATA = Path(__file__).parent / "data"
 
@@ -108,6 +109,7 @@ class Suite:
     default_data: str | None = None
     judged = False
     needs_baseline = False
+    seed = 0  # row-level randomness in prompts (multiple-choice option order); set before load()
 
     def load(self, path: str | Path | None) -> list[EvalItem]:
         if path is None:
@@ -129,6 +131,25 @@ class Suite:
     def default_baseline(self, items: Sequence[EvalItem]) -> dict[int, list[str]] | None:
         """Pairwise suites: the baseline answers the data file itself carries (None: --baseline needed)."""
         return None
+
+
+def _ks(n_min: int) -> list[int]:
+    ks, k = [], 1
+    while k <= n_min:
+        ks.append(k)
+        k *= 2
+    if ks and ks[-1] != n_min:
+        ks.append(n_min)
+    return ks
+
+
+def pass_table(counts: Sequence[tuple[int, int]]) -> dict[str, float]:
+    """(n_i samples, c_i correct) per problem -> ``avg@k`` (k = the samples per problem when all equal) and ``pass@k``."""
+    n_min = min(n for n, _ in counts)
+    out: dict[str, float] = {}
+    for k in _ks(n_min):
+        out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in counts) / len(counts)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------

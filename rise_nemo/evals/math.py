@@ -20,29 +20,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rise_nemo.core.metrics import pass_at_k
-from rise_nemo.evals.base import EvalItem, ScoreContext, Suite, SuiteResult
+from rise_nemo.evals.base import EvalItem, ScoreContext, Suite, SuiteResult, pass_table
 
 _INT = re.compile(r"-?\d[\d,]*")
-
-
-def _ks(n_min: int) -> list[int]:
-    ks, k = [], 1
-    while k <= n_min:
-        ks.append(k)
-        k *= 2
-    if ks and ks[-1] != n_min:
-        ks.append(n_min)
-    return ks
-
-
-def pass_table(counts: Sequence[tuple[int, int]]) -> dict[str, float]:
-    """(n_i, c_i) per problem -> ``avg@k`` (k = the samples per problem when all equal) and ``pass@k``."""
-    n_min = min(n for n, _ in counts)
-    out: dict[str, float] = {}
-    for k in _ks(n_min):
-        out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in counts) / len(counts)
-    return out
 
 
 class MathSuite(Suite):

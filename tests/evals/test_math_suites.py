@@ -9,8 +9,8 @@ from suite_helpers import reference_rows, run_cli, score_fields, write_responses
 
 from rise_nemo.errors import UserError
 from rise_nemo.evals import SUITES, get_suite
-from rise_nemo.evals.base import ScoreContext, read_responses
-from rise_nemo.evals.math import aime_answer, aime_correct, pass_table
+from rise_nemo.evals.base import ScoreContext, pass_table, read_responses
+from rise_nemo.evals.math import aime_answer, aime_correct
 
 MATH = ["aime", "math500", "gsm8k"]
 
