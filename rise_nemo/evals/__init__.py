@@ -20,6 +20,7 @@ SUITES: dict[str, str] = {
     "gsm8k": "rise_nemo.evals.math:GSM8K",
     "gpqa_diamond": "rise_nemo.evals.mc:GPQADiamond",
     "medqa": "rise_nemo.evals.mc:MedQA",
+    "healthbench": "rise_nemo.evals.healthbench:HealthBench",
 }
 
 __all__ = ["SUITES", "get_suite", "list_suites"]

@@ -19,6 +19,8 @@ benchmarked over real sockets on 127.0.0.1 (tests/judges, bench/judge_throughput
   nothing more: a judge that stopped answering in the middle of a call. Tests use it to put a client
   deterministically inside a judge call before they kill the server or signal the job (no sleeps); a
   restarted server finds no trigger and answers normally;
+- evaluation-suite judge prompts (rise_nemo.evals: HealthBench's grader, WritingBench, Arena-Hard, HH
+  pairs) are answered by ``rise_nemo.evals.judge.rule_reply``, the rule judge's reply (no faults applied);
 - "gullibility": when the phrase "ignore previous instructions" appears OUTSIDE the fenced fields as this
   naive reader finds them, it obeys and marks every criterion met. A response that smuggles a fake closing
   marker past neutralisation would therefore flip its verdicts — the injection tests rely on that.
@@ -248,6 +250,14 @@ class RuleGraderApp:
                 content = reference_reply(prompt, fault)
             except ValueError as exc:
                 return web.json_response({"error": {"message": str(exc)}}, status=400)
+            return self._reply(body, content)
+        from rise_nemo.evals.judge import rule_reply as eval_rule_reply
+
+        try:  # an evaluation suite's judge prompt (rise_nemo.evals): the rule judge's own reply
+            content = eval_rule_reply(prompt)
+        except ValueError as exc:
+            return web.json_response({"error": {"message": str(exc)}}, status=400)
+        if content is not None:
             return self._reply(body, content)
         try:
             mode, verdicts = grade_prompt(prompt)

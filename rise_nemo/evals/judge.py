@@ -1,0 +1,165 @@
+"""The judge of the judged suites (healthbench, writingbench, arena_hard, hh_win_rate).
+
+A suite describes each judge call as a ``JudgeCall``: the chat messages an LLM judge reads (the suite's
+public grader prompt), ``parse`` (reply -> value; raises ``VerdictParseError`` on an unusable reply, which
+is retried) and ``max_tokens``. Two judges run them:
+
+- ``RuleEvalJudge`` (default; no model): a deterministic "model" that reads the same prompt and replies in
+  the suite's protocol (``rule_reply``: each judged suite registers a marker of its prompt and a reply
+  function in ``RULE_REPLIES``); the reply goes through the same ``parse``. The loopback rule server
+  (rise_nemo.judges.rule_server) answers these prompts with the same function, so the HTTP path can be run
+  end to end on CPU and must agree with the rule judge. The rules are simple, documented text checks
+  (docs/evals.md): NOT a measure of quality; the result records ``judge.type = rule``.
+- ``HttpEvalJudge``: an OpenAI-compatible endpoint through the project's ``ChatClient`` (retries with
+  backoff, several endpoints, failure cap; greedy decoding, free text parsed strictly). A call whose reply
+  stays unusable after the retries is ``None`` (unknown): the suites leave it out and count it.
+
+Every result records ``{"type", "model", "prompt_version"}`` (``SuiteResult.judge``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rise_nemo.errors import UserError
+
+
+@dataclass(frozen=True)
+class JudgeCall:
+    messages: list[dict[str, str]]
+    parse: Callable[[str], Any]
+    max_tokens: int = 2048
+
+
+# marker that identifies a suite's judge prompt -> "module:function(prompt) -> reply text"
+RULE_REPLIES: dict[str, str] = {
+    "# Rubric item\n": "rise_nemo.evals.healthbench:rule_reply",
+}
+
+
+def rule_reply(prompt: str) -> str | None:
+    """The rule judge's reply to one of the suites' judge prompts; None when it is none of them."""
+    import importlib
+
+    for marker, target in RULE_REPLIES.items():
+        if marker in prompt:
+            module, fn = target.split(":")
+            return getattr(importlib.import_module(module), fn)(prompt)
+    return None
+
+
+def prompt_text(messages: Sequence[Mapping[str, str]]) -> str:
+    return "\n".join(m.get("content", "") for m in messages if m.get("role") == "user")
+
+
+class RuleEvalJudge:
+    kind = "rule"
+    model = "rule"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run(self, calls: Sequence[JudgeCall]) -> list[Any]:
+        self.calls += len(calls)
+        out = []
+        for c in calls:
+            reply = rule_reply(prompt_text(c.messages))
+            if reply is None:
+                raise ValueError("the rule judge got a prompt of no suite (no RULE_REPLIES marker)")
+            out.append(c.parse(reply))
+        return out
+
+    def describe(self, prompt_version: str) -> dict[str, Any]:
+        return {"type": self.kind, "model": self.model, "prompt_version": prompt_version, "calls": self.calls}
+
+    def close(self) -> None:
+        pass
+
+
+class HttpEvalJudge:
+    kind = "http"
+
+    def __init__(self, base_urls: Sequence[str], model: str, api_key_env: str | None = None, **options: Any):
+        from rise_nemo.errors import require_extra
+
+        require_extra("judge", "aiohttp", what="an HTTP judge (--judge-url)")
+        from rise_nemo.judges.client import LoopThread
+        from rise_nemo.judges.http import HttpJudgeConfig
+
+        try:
+            self.config = HttpJudgeConfig.from_mapping({"base_urls": list(base_urls), "model": model,
+                                                        "api_key_env": api_key_env, **options}, where="--judge")
+            key = self.config.api_key()
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        self.model = model
+        self._loop = LoopThread("rise-eval-judge-loop")
+        self._client = self._make_client(key)
+        self.unknown = 0
+        self._finalizer = weakref.finalize(self, HttpEvalJudge._shutdown, self._loop, self._client)
+
+    def _make_client(self, key: str | None) -> Any:
+        from rise_nemo.judges.client import ChatClient
+
+        c = self.config
+        return ChatClient(c.base_urls, c.model, api_key=key, max_concurrency=c.max_concurrency,
+                          timeout_s=c.timeout_s, retry=c.retry_policy(), max_failures=c.max_failures,
+                          structured_outputs="off", temperature=0.0, extra_body=dict(c.extra_body or {}),
+                          seed=c.seed)
+
+    def run(self, calls: Sequence[JudgeCall]) -> list[Any]:
+        return self._loop.run(self._run(list(calls)))
+
+    async def _run(self, calls: list[JudgeCall]) -> list[Any]:
+        import asyncio
+
+        async def one(call: JudgeCall) -> Any:
+            return await self._client.complete(call.messages, call.parse, schema_name="eval_judge", schema={},
+                                               max_tokens=call.max_tokens)
+
+        out = await asyncio.gather(*(one(c) for c in calls))
+        self.unknown += sum(v is None for v in out)
+        return list(out)
+
+    def describe(self, prompt_version: str) -> dict[str, Any]:
+        c = self._client.counters
+        return {"type": self.kind, "model": self.model, "prompt_version": prompt_version,
+                "base_urls": list(self.config.base_urls), "calls": c.calls, "retries": c.retries,
+                "unknown": self.unknown}
+
+    def close(self) -> None:
+        self._finalizer()
+
+    @staticmethod
+    def _shutdown(loop: Any, client: Any) -> None:
+        if loop.loop.is_running():
+            try:
+                loop.run(client.close(), timeout=5)
+            except Exception:  # best effort; never mask the caller's error
+                pass
+        loop.stop()
+
+
+def build_eval_judge(base_urls: Sequence[str] | None, model: str | None, api_key_env: str | None = None):
+    """No URL: the rule judge. URLs: the HTTP judge (``--judge-model`` required)."""
+    if not base_urls:
+        if model or api_key_env:
+            raise UserError("--judge-model / --judge-api-key-env need --judge-url")
+        return RuleEvalJudge()
+    if not model:
+        raise UserError("--judge-url needs --judge-model (the model name the endpoint serves)")
+    return HttpEvalJudge(base_urls, model, api_key_env)
+
+
+def run_batched(judge: Any, calls: Sequence[JudgeCall], progress: Callable[[str], None] | None, what: str,
+                chunk: int = 256) -> list[Any]:
+    """``judge.run`` over chunks of ``calls`` with a progress line per chunk (long judged runs)."""
+    out: list[Any] = []
+    for start in range(0, len(calls), chunk):
+        out += judge.run(calls[start:start + chunk])
+        if progress is not None and len(calls) > chunk:
+            progress(f"{what}: {len(out)}/{len(calls)} judge calls")
+    return out
