@@ -76,13 +76,13 @@ def score_and_report(suite, items, samples, args: argparse.Namespace, out: Path,
     import sys
 
     from rise_nemo.errors import UserError
-    from rise_nemo.evals.base import ScoreContext, read_responses, score_line, write_result
+    from rise_nemo.evals.base import ScoreContext, score_line, write_result
 
     ctx = ScoreContext(seed=args.seed, bootstrap=args.bootstrap,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
     if suite.needs_baseline:
         if args.baseline:
-            ctx.baseline = read_responses(args.baseline, len(items), partial=args.partial, what="baseline responses")
+            ctx.baseline = suite.read_baseline(args.baseline, items, args.partial)
             info["baseline"] = str(args.baseline)
         else:
             ctx.baseline = suite.default_baseline(items)

@@ -21,6 +21,9 @@ SUITES: dict[str, str] = {
     "gpqa_diamond": "rise_nemo.evals.mc:GPQADiamond",
     "medqa": "rise_nemo.evals.mc:MedQA",
     "healthbench": "rise_nemo.evals.healthbench:HealthBench",
+    "writingbench": "rise_nemo.evals.writingbench:WritingBench",
+    "arena_hard": "rise_nemo.evals.arena_hard:ArenaHard",
+    "hh_win_rate": "rise_nemo.evals.hh_win_rate:HHWinRate",
 }
 
 __all__ = ["SUITES", "get_suite", "list_suites"]

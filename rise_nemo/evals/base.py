@@ -28,7 +28,7 @@ from rise_nemo.core.metrics import pass_at_k
 from rise_nemo.errors import UserError
 
 __all__ = ["EvalItem", "ScoreContext", "SuiteResult", "Suite", "read_responses", "score_line",
-           "write_result", "read_jsonl_rows", "load_rows", "packaged_data", "pass_table"]
+           "write_result", "read_jsonl_rows", "load_rows", "packaged_data", "pass_table", "PairwiseSuite"]
 
 PACKAGE_DATA = Path(__file__).parent / "data"
 
@@ -128,6 +128,10 @@ class Suite:
         """A response that is exactly right (tests: scoring it must give the suite's maximum)."""
         raise NotImplementedError
 
+    def read_baseline(self, path: str, items: Sequence[EvalItem], partial: bool) -> dict[int, list[str]]:
+        """Pairwise suites: ``--baseline FILE`` (a responses JSONL)."""
+        return read_responses(path, len(items), partial=partial, what="baseline responses")
+
     def default_baseline(self, items: Sequence[EvalItem]) -> dict[int, list[str]] | None:
         """Pairwise suites: the baseline answers the data file itself carries (None: --baseline needed)."""
         return None
@@ -150,6 +154,13 @@ def pass_table(counts: Sequence[tuple[int, int]]) -> dict[str, float]:
     for k in _ks(n_min):
         out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in counts) / len(counts)
     return out
+
+
+class PairwiseSuite(Suite):
+    """A suite judged by comparing each response with a baseline's (rise_nemo.evals.judge.judge_pairs)."""
+
+    judged = True
+    needs_baseline = True
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ class JudgeCall:
 # marker that identifies a suite's judge prompt -> "module:function(prompt) -> reply text"
 RULE_REPLIES: dict[str, str] = {
     "# Rubric item\n": "rise_nemo.evals.healthbench:rule_reply",
+    "Evaluate the Response based on the Query and Criteria": "rise_nemo.evals.writingbench:rule_reply",
+    "<|The Start of Assistant A's Answer|>": "rise_nemo.evals.arena_hard:rule_reply",
+    "<|Reply A|>": "rise_nemo.evals.hh_win_rate:rule_reply",
 }
 
 
@@ -163,3 +166,46 @@ def run_batched(judge: Any, calls: Sequence[JudgeCall], progress: Callable[[str]
         if progress is not None and len(calls) > chunk:
             progress(f"{what}: {len(out)}/{len(calls)} judge calls")
     return out
+
+
+def judge_pairs(judge: Any, items: Sequence[Any], samples: Mapping[int, list[str]],
+                baseline: Mapping[int, list[str]], messages: Callable[[Any, str, str], list[dict[str, str]]],
+                parse: Callable[[str], Any], progress: Callable[[str], None] | None,
+                what: str) -> list[tuple[int, int, Any, Any]]:
+    """Every sample against the baseline, judged twice with the positions swapped.
+
+    Sample s of item i meets baseline sample ``s mod len(baseline[i])``. Game 1 shows the baseline as
+    assistant A and ours as B; game 2 shows ours as A and the baseline as B (Arena-Hard-Auto's
+    ``gen_judgment.py`` order). ``messages(item, answer_a, answer_b)`` builds a call. Returns
+    ``(index, sample, verdict of game 1, verdict of game 2)`` as parsed (None = unknown)."""
+    calls, where = [], []
+    for item in items:
+        theirs = baseline.get(item.index)
+        if not theirs:
+            raise UserError(f"{what}: the baseline has no response for index {item.index}")
+        for s, ours in enumerate(samples.get(item.index, [])):
+            other = theirs[s % len(theirs)]
+            calls += [JudgeCall(messages(item, other, ours), parse), JudgeCall(messages(item, ours, other), parse)]
+            where.append((item.index, s))
+    verdicts = run_batched(judge, calls, progress, what)
+    return [(i, s, verdicts[2 * k], verdicts[2 * k + 1]) for k, (i, s) in enumerate(where)]
+
+
+def field_between(prompt: str, start: str, end: str) -> str:
+    """The text between the first ``start`` and the next ``end`` (rule replies read prompts naively)."""
+    a = prompt.find(start)
+    b = prompt.find(end, a + len(start)) if a >= 0 else -1
+    if a < 0 or b < 0:
+        raise ValueError(f"prompt has no {start!r} ... {end!r} field")
+    return prompt[a + len(start):b]
+
+
+def length_preference(a: str, b: str) -> int:
+    """The pairwise rule judge: +1 when answer A is over 1.2 times as long as B (in words), -1 the other way,
+    0 otherwise; +2 / -2 when over 3 times (a "significantly better")."""
+    la, lb = len(a.split()) + 1, len(b.split()) + 1
+    if la > 3 * lb or lb > 3 * la:
+        return 2 if la > lb else -2
+    if la > 1.2 * lb or lb > 1.2 * la:
+        return 1 if la > lb else -1
+    return 0

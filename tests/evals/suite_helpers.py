@@ -31,3 +31,27 @@ def score_fields(out: str) -> dict[str, str]:
     last = out.strip().splitlines()[-1]
     assert last.startswith("SCORE suite="), last
     return dict(part.split("=", 1) for part in last.split()[1:])
+
+
+class ScriptedJudge:
+    """A judge whose reply to each prompt is ``reply(prompt_text)`` (None = unknown), parsed by the call."""
+
+    def __init__(self, reply):
+        self.reply = reply
+        self.prompts = []
+
+    def run(self, calls):
+        from rise_nemo.evals.judge import prompt_text
+
+        out = []
+        for c in calls:
+            self.prompts.append(c.messages)
+            text = self.reply(prompt_text(c.messages))
+            out.append(None if text is None else c.parse(text))
+        return out
+
+    def describe(self, prompt_version):
+        return {"type": "scripted", "model": "scripted", "prompt_version": prompt_version}
+
+    def close(self):
+        pass
