@@ -24,6 +24,7 @@ SUITES: dict[str, str] = {
     "writingbench": "rise_nemo.evals.writingbench:WritingBench",
     "arena_hard": "rise_nemo.evals.arena_hard:ArenaHard",
     "hh_win_rate": "rise_nemo.evals.hh_win_rate:HHWinRate",
+    "apps": "rise_nemo.evals.apps:APPS",
 }
 
 __all__ = ["SUITES", "get_suite", "list_suites"]
