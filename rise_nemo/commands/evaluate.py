@@ -3,6 +3,7 @@
     rise-nemo eval RUN_DIR                      # latest checkpoint, config from RUN_DIR/config.yaml
     rise-nemo eval RUN_DIR --checkpoint step_10 eval.samples_per_prompt=16   # options and overrides in any order
     rise-nemo eval --config recipes/x.yaml      # the initial (for the persistent task: warm-started) policy
+    rise-nemo eval --suite math500 MODEL        # a benchmark suite (docs/evals.md; rise_nemo.evals.generate)
 
 Writes ``<run dir>/eval/cli/step_XXXXXX.json`` (``step_XXXXXX.2.json``, ... when that exists; or ``--out``) and
 prints the summary and coverage table. The trainer's own ``<run dir>/eval/step_XXXXXX.json`` (what ``report``
@@ -28,11 +29,19 @@ HELP = "Guidance-free evaluation on held-out prompts: mean reward, persistent co
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="recipe YAML (default: RUN_DIR/config.yaml)")
     parser.add_argument("--checkpoint", default=None, help="checkpoint dir or name (default: latest)")
-    parser.add_argument("--out", default=None, help="JSON output file (default: RUN_DIR/eval/cli/step_N.json; never a trainer's eval/step_N.json)")
+    parser.add_argument("--out", default=None, help="JSON output file (default: RUN_DIR/eval/cli/step_N.json; never a trainer's eval/step_N.json); with --suite: the output folder (default RUN_DIR/eval/suites)")
     # One positional list so that options may sit anywhere: the first item that is not an override
     # (no '=' and no leading '~') is the run directory.
     parser.add_argument("items", nargs="*", metavar="[RUN_DIR] KEY=VALUE",
                         help="run directory (uses its config.yaml), then overrides")
+    from rise_nemo.commands.score import add_suite_arguments
+
+    add_suite_arguments(parser)  # --suite NAME: a benchmark suite instead (MODEL = run dir or HF model dir)
+    parser.add_argument("--samples", type=int, default=1, help="--suite: responses per problem (default 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=1024, help="--suite: default 1024")
+    parser.add_argument("--temperature", type=float, default=0.0, help="--suite: 0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="--suite: default 1.0")
+    parser.add_argument("--limit", type=int, default=None, help="--suite: only the first N problems")
 
 
 def _split(items: list[str]) -> tuple[str | None, list[str]]:
@@ -78,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging()
     args.run_dir, args.overrides = _split(args.items)
+    if args.suite or args.list_suites:
+        return _run_suite(args)
     if args.run_dir is None and args.config is None:
         print("rise-nemo eval: give a RUN_DIR or --config", file=sys.stderr)
         return 2
@@ -143,6 +154,50 @@ def run(args: argparse.Namespace) -> int:
 
 
 REASONING_SOURCES = ("chain_arithmetic",)
+
+
+def _run_suite(args: argparse.Namespace) -> int:
+    """`eval --suite NAME MODEL`: generate (rise_nemo.evals.generate), then score like `rise-nemo score`."""
+    import sys
+
+    from rise_nemo.commands.score import print_suites, score_and_report
+    from rise_nemo.errors import UserError, check_output_path
+    from rise_nemo.evals import get_suite
+    from rise_nemo.evals.generate import generate_responses, load_generator
+    from rise_nemo.interfaces import SamplingParams
+
+    if args.list_suites:
+        return print_suites()
+    if args.run_dir is None:
+        raise UserError("eval --suite NAME MODEL: give MODEL (a run directory or a Hugging Face model directory)")
+    if args.config is not None:
+        raise UserError("--config: with --suite, MODEL's own config.yaml (a run directory) is used")
+    if args.samples < 1 or args.max_new_tokens < 1 or (args.limit is not None and args.limit < 1):
+        raise UserError("--samples, --max-new-tokens and --limit must be >= 1")
+    suite = get_suite(args.suite)
+    suite.seed = args.seed
+    model = Path(args.run_dir)
+    default_out = model / "eval" / "suites" if (model / "config.yaml").is_file() else Path("eval_suites") / model.name
+    out = Path(args.out) if args.out else default_out
+    check_output_path(out, "--out", directory=True)
+    items = suite.load(args.data)
+    if args.limit is not None:
+        items = items[:args.limit]
+        args.partial = True
+    if suite.needs_baseline and not args.baseline and suite.default_baseline(items) is None:
+        raise UserError(f"suite {suite.name}: give --baseline FILE (the baseline model's responses)")
+    generator, described = load_generator(str(model), args.checkpoint, args.overrides)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            seed=args.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    responses = out / f"{suite.name}.responses.jsonl"
+    samples = generate_responses(generator, items, args.samples, params, responses,
+                                 progress=lambda line: print(line, file=sys.stderr, flush=True))
+    sampling = {"samples": args.samples, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                "top_p": args.top_p, "seed": args.seed}
+    score_and_report(suite, items, samples, args, out,
+                     {"responses": str(responses), "generation": {**described, **sampling}})
+    return 0
 
 
 def _is_trainer_eval(path: Path) -> bool:

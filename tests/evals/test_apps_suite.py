@@ -4,23 +4,16 @@ cannot start, except in CI, which installs it), and the one-line error without i
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
-from suite_helpers import reference_rows, run_cli, score_fields, write_responses
+from suite_helpers import reference_rows, require_bwrap, run_cli, score_fields, write_responses
 
 from rise_nemo.evals import get_suite
-from rise_nemo.judges.sandbox import BubblewrapSandbox, SandboxUnavailable
 
 
 @pytest.fixture(scope="module")
 def bwrap():
-    try:
-        BubblewrapSandbox().check()
-    except SandboxUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(str(exc))
+    require_bwrap()
 
 
 def test_human_solutions_pass_and_wrong_programs_fail_by_difficulty(bwrap, tmp_path, capsys):
