@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging()
     args.run_dir, args.overrides = _split(args.items)
-    if args.suite or args.list_suites:
+    if getattr(args, "suite", None) or getattr(args, "list_suites", False):  # callers may build a bare Namespace
         return _run_suite(args)
     if args.run_dir is None and args.config is None:
         print("rise-nemo eval: give a RUN_DIR or --config", file=sys.stderr)
