@@ -70,6 +70,9 @@ def rule_reply(prompt: str) -> str:
     ``rise_nemo.judges.rule_server.rule_verdict`` finds it in the response (the last ``assistant:`` turn)."""
     import json
 
+    from rise_nemo.errors import require_extra
+
+    require_extra("judge", "aiohttp", what="the healthbench rule judge (rise_nemo.judges.rule_server)")
     from rise_nemo.judges.rule_server import rule_verdict
 
     item = _RUBRIC_ITEM.search(prompt)
