@@ -8,7 +8,7 @@ import random
 import statistics
 
 import pytest
-from suite_helpers import run_cli, score_fields, write_responses
+from suite_helpers import ScriptedJudge, run_cli, score_fields, write_responses
 
 from rise_nemo.evals import get_suite
 from rise_nemo.evals.base import ScoreContext
@@ -122,3 +122,19 @@ def test_http_judge_agrees_with_the_rule_judge(tmp_path, capsys):
     saved = json.loads((tmp_path / "http" / "healthbench.json").read_text())
     assert saved["judge"]["type"] == "http" and saved["judge"]["unknown"] == 0
     assert saved["judge"]["calls"] == sum(len(it.reference) for it in items)
+
+
+def test_an_unknown_item_verdict_leaves_the_response_out_and_is_counted():
+    suite = get_suite("healthbench")
+    items = suite.load(None)[:2]
+    n0 = len(items[0].reference)
+    calls = iter(range(10_000))
+
+    def reply(prompt):  # the first item of row 0 is unknown; every other item met
+        return None if next(calls) == 0 else '{"explanation": "x", "criteria_met": true}'
+
+    result = suite.score(items, {0: ["a"], 1: ["b"]}, ScoreContext(judge=ScriptedJudge(reply)))
+    assert result.metrics["unknown"] == 1 and result.metrics["samples"] == 1 and result.n == 2
+    points = [r["points"] for r in items[1].reference]
+    assert result.metrics["unclipped_mean"] == pytest.approx(sum(points) / sum(p for p in points if p > 0))
+    assert result.per_item[0]["score"] is None and len(result.per_item[0]["met"]) == n0
