@@ -3,7 +3,9 @@ unbiased pass@k (rise_nemo.core.metrics.pass_at_k, Chen et al. 2021, eq. 1).
 
 Rows are read by the project's reasoning loaders (rise_nemo.data.reasoning: MATH rows ``problem``,
 ``solution``, ``answer``; GSM8K rows ``question``, ``answer`` ending ``#### N``), so the prompt is
-``MATH_PROMPT`` (NeMo-RL's math prompt: the answer in ``\\boxed{}``).
+``MATH_PROMPT`` (NeMo-RL's math prompt: the answer in ``\\boxed{}``). ``aime`` and ``math500`` also read
+answer-only rows (``problem`` or ``question``, ``answer``: the AIME 2025/2026, HMMT and IMO-AnswerBench
+releases).
 
 - ``aime``: the response's last ``\\boxed{}`` (else its last integer) compared as an integer with the answer
   ("025" == 25); a non-integer or missing answer is wrong.
@@ -20,7 +22,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rise_nemo.evals.base import EvalItem, ScoreContext, Suite, SuiteResult, pass_table
+from rise_nemo.evals.base import EvalItem, ScoreContext, Suite, SuiteResult, pass_table, require
 
 _INT = re.compile(r"-?\d[\d,]*")
 
@@ -33,8 +35,16 @@ class MathSuite(Suite):
         self._verifier: Any = None
 
     def parse_row(self, row: Mapping[str, Any], where: str, index: int) -> EvalItem:
-        from rise_nemo.data.reasoning import parse_reasoning_record
+        from rise_nemo.data.reasoning import MATH_PROMPT, parse_reasoning_record
 
+        if self.fmt == "math" and "solution" not in row:
+            # Answer-only rows (AIME 2025/2026, HMMT, IMO-AnswerBench releases): problem (or question) + answer.
+            key = "problem" if "problem" in row else "question"
+            problem = require(row, key, where)
+            answer = require(row, "answer", where, (str, int))
+            item_id = str(row.get("id") or row.get("unique_id") or f"{self.name}-{index}")
+            return EvalItem(index, item_id, ({"role": "user", "content": MATH_PROMPT.format(problem.strip())},),
+                            str(answer).strip(), None)
         p = parse_reasoning_record(row, where, self.fmt, default_id=f"{self.name}-{index}")
         group = f"level {p.difficulty}" if p.difficulty is not None else None
         return EvalItem(index, p.prompt_id, tuple(p.messages), p.answer, group)

@@ -118,3 +118,19 @@ def test_list_suites_and_unknown_suite(capsys):
     assert rc == 0 and all(name in out for name in SUITES)
     rc, _, err = run_cli(["score", "--suite", "nope", "--responses", "x.jsonl"], capsys)
     assert rc == 2 and "unknown suite" in err
+
+
+def test_answer_only_rows_for_other_aime_years(tmp_path, capsys):
+    data = tmp_path / "aime25.jsonl"
+    data.write_text(json.dumps({"id": "2025-I-1", "problem": "Find 7 * 3.", "answer": "021"}) + "\n"
+                    + json.dumps({"question": "Find 2 + 2.", "answer": 4}) + "\n"
+                    + json.dumps({"question": "No answer here."}) + "\n")
+    rows = write_responses(tmp_path / "r.jsonl", [(0, "\\boxed{21}"), (1, "\\boxed{5}")])
+    rc, _, err = run_cli(["score", "--suite", "aime", "--data", data, "--responses", rows], capsys)
+    assert rc == 2 and f"{data}:3: key 'answer': missing" in err
+    data.write_text("".join(data.read_text().splitlines(keepends=True)[:2]))
+    rc, out, err = run_cli(["score", "--suite", "aime", "--data", data, "--responses", rows, "--out", tmp_path], capsys)
+    assert rc == 0, err
+    assert score_fields(out)["score"] == "0.5000"
+    items = get_suite("aime").load(data)
+    assert items[0].item_id == "2025-I-1" and "\\boxed{}" in items[0].messages[0]["content"]
