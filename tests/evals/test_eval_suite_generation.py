@@ -5,6 +5,7 @@ in bubblewrap). Also: resume, and today's `rise-nemo eval` behaviour being untou
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -84,3 +85,25 @@ def test_suite_option_errors_are_one_line(tiny_model, tmp_path, capsys):
     assert rc == 0 and "healthbench" in out
     rc, _, err = run_cli(["eval"], capsys)  # today's behaviour: a run directory or --config is needed
     assert rc == 2 and "give a RUN_DIR or --config" in err
+
+
+@pytest.mark.slow
+def test_a_run_directory_is_evaluated_at_its_checkpoint_and_reported(tiny_model, tmp_path, capsys):
+    gsm8k = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "gsm8k_test_first8.jsonl"
+    run = tmp_path / "run"
+    rc, _, err = run_cli(["train", "--config", "grpo_gsm8k_local", f"local.model_path={tiny_model}",
+                          f"data.train_path={gsm8k}", f"data.eval_path={gsm8k}", f"run.dir={run}", "train.steps=1",
+                          "train.checkpoint_every=1", "train.progress=false", "grpo.prompts_per_step=2",
+                          "grpo.group_size=2", "grpo.max_new_tokens=8", "eval.every=0", "eval.at_start=false",
+                          "local.num_threads=1"], capsys)
+    assert rc == 0, err
+    rc, out, err = run_cli(["eval", "--suite", "gsm8k", run, "--limit", "2", "--max-new-tokens", "4"], capsys)
+    assert rc == 0, err
+    saved = json.loads((run / "eval" / "suites" / "gsm8k.json").read_text())
+    gen = saved["info"]["generation"]
+    assert gen["backend"] == "local" and gen["step"] == 1 and gen["checkpoint"].endswith("step_000001")
+    rc, out, err = run_cli(["report", run], capsys)
+    assert rc == 0, err
+    report = (run / "report" / "report.md").read_text()
+    assert "## Benchmark suites" in report
+    assert re.search(r"\| run \| [0-9.]+ \(n=2\) \|", report)
