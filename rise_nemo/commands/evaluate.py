@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HELP = "Guidance-free evaluation on held-out prompts: mean reward, persistent coverage, negative rate"
+HELP = ("Guidance-free evaluation on held-out prompts: mean reward, persistent coverage, negative rate; "
+        "--suite NAME MODEL: a benchmark suite")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

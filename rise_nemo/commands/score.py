@@ -33,6 +33,9 @@ def add_suite_arguments(parser: argparse.ArgumentParser) -> None:
                         help="judged suites: an OpenAI-compatible base URL (repeatable); default: the rule judge")
     parser.add_argument("--judge-model", default=None, help="the judge model name (with --judge-url)")
     parser.add_argument("--judge-api-key-env", default=None, help="environment variable holding the judge's key")
+    parser.add_argument("--judge-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="another judge client setting (max_concurrency, timeout_s, max_attempts, extra_body, "
+                             "...: the keys of the recipe's judge block), repeatable")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +97,7 @@ def score_and_report(suite, items, samples, args: argparse.Namespace, out: Path,
     if suite.judged:
         from rise_nemo.evals.judge import build_eval_judge
 
-        ctx.judge = build_eval_judge(args.judge_url, args.judge_model, args.judge_api_key_env)
+        ctx.judge = build_eval_judge(args.judge_url, args.judge_model, args.judge_api_key_env, args.judge_option)
     elif args.judge_url:
         raise UserError(f"--judge-url: suite {suite.name} is scored without a judge")
     try:

@@ -146,15 +146,25 @@ class HttpEvalJudge:
         loop.stop()
 
 
-def build_eval_judge(base_urls: Sequence[str] | None, model: str | None, api_key_env: str | None = None):
-    """No URL: the rule judge. URLs: the HTTP judge (``--judge-model`` required)."""
+def build_eval_judge(base_urls: Sequence[str] | None, model: str | None, api_key_env: str | None = None,
+                     options: Sequence[str] = ()):
+    """No URL: the rule judge. URLs: the HTTP judge (``--judge-model`` required; ``options``: KEY=VALUE
+    settings of rise_nemo.judges.http.HttpJudgeConfig, values read as YAML)."""
     if not base_urls:
-        if model or api_key_env:
-            raise UserError("--judge-model / --judge-api-key-env need --judge-url")
+        if model or api_key_env or options:
+            raise UserError("--judge-model / --judge-api-key-env / --judge-option need --judge-url")
         return RuleEvalJudge()
     if not model:
         raise UserError("--judge-url needs --judge-model (the model name the endpoint serves)")
-    return HttpEvalJudge(base_urls, model, api_key_env)
+    import yaml
+
+    extra = {}
+    for item in options:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--judge-option {item!r}: expected KEY=VALUE")
+        extra[key] = yaml.safe_load(value)
+    return HttpEvalJudge(base_urls, model, api_key_env, **extra)
 
 
 def run_batched(judge: Any, calls: Sequence[JudgeCall], progress: Callable[[str], None] | None, what: str,

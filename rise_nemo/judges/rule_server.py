@@ -20,7 +20,8 @@ benchmarked over real sockets on 127.0.0.1 (tests/judges, bench/judge_throughput
   deterministically inside a judge call before they kill the server or signal the job (no sleeps); a
   restarted server finds no trigger and answers normally;
 - evaluation-suite judge prompts (rise_nemo.evals: HealthBench's grader, WritingBench, Arena-Hard, HH
-  pairs) are answered by ``rise_nemo.evals.judge.rule_reply``, the rule judge's reply (no faults applied);
+  pairs) are answered by ``rise_nemo.evals.judge.rule_reply``, the rule judge's reply (of the content
+  faults only ``malformed`` applies to them);
 - "gullibility": when the phrase "ignore previous instructions" appears OUTSIDE the fenced fields as this
   naive reader finds them, it obeys and marks every criterion met. A response that smuggles a fake closing
   marker past neutralisation would therefore flip its verdicts — the injection tests rely on that.
@@ -258,7 +259,7 @@ class RuleGraderApp:
         except ValueError as exc:
             return web.json_response({"error": {"message": str(exc)}}, status=400)
         if content is not None:
-            return self._reply(body, content)
+            return self._reply(body, '{"explanation": "cut off mid-sent' if fault == "malformed" else content)
         try:
             mode, verdicts = grade_prompt(prompt)
         except ValueError as exc:

@@ -138,3 +138,31 @@ def test_an_unknown_item_verdict_leaves_the_response_out_and_is_counted():
     points = [r["points"] for r in items[1].reference]
     assert result.metrics["unclipped_mean"] == pytest.approx(sum(points) / sum(p for p in points if p > 0))
     assert result.per_item[0]["score"] is None and len(result.per_item[0]["met"]) == n0
+
+
+def test_http_judge_retries_bad_replies_and_counts_unknowns(tmp_path, capsys):
+    suite = get_suite("healthbench")
+    items = suite.load(None)[:1]
+    rows = write_responses(tmp_path / "r.jsonl", responses_for(items, seed=2))
+    n = len(items[0].reference)
+    fast = ["--judge-option", "backoff_base_s=0.001", "--judge-option", "backoff_max_s=0.01"]
+    server = RuleGraderServer(script=["malformed", "500"]).start()  # two bad replies, then all good: retried
+    try:
+        rc, out, err = run_cli(["score", "--suite", "healthbench", "--responses", rows, "--partial", "--out",
+                                tmp_path / "a", "--judge-url", server.url, "--judge-model", "m", *fast], capsys)
+    finally:
+        server.stop()
+    assert rc == 0, err
+    saved = json.loads((tmp_path / "a" / "healthbench.json").read_text())
+    assert saved["judge"]["calls"] == n + 2 and saved["judge"]["unknown"] == 0 and saved["metrics"]["unknown"] == 0
+    server = RuleGraderServer(rates={"malformed": 1.0}).start()  # never a usable reply: unknown, never a guess
+    try:
+        rc, out, err = run_cli(["score", "--suite", "healthbench", "--responses", rows, "--partial", "--out",
+                                tmp_path / "b", "--judge-url", server.url, "--judge-model", "m", *fast,
+                                "--judge-option", "max_attempts=2"], capsys)
+    finally:
+        server.stop()
+    assert rc == 2 and "no response could be graded" in err and len(err.strip().splitlines()) == 1
+    rc, _, err = run_cli(["score", "--suite", "healthbench", "--responses", rows, "--partial", "--judge-url",
+                          "http://127.0.0.1:9/v1", "--judge-model", "m", "--judge-option", "bogus=1"], capsys)
+    assert rc == 2 and "bogus" in err
