@@ -98,6 +98,8 @@ def score_and_report(suite, items, samples, args: argparse.Namespace, out: Path,
         from rise_nemo.evals.judge import build_eval_judge
 
         ctx.judge = build_eval_judge(args.judge_url, args.judge_model, args.judge_api_key_env, args.judge_option)
+        out.mkdir(parents=True, exist_ok=True)
+        ctx.judge.use_cache(out / f"{suite.name}.judge_cache.jsonl")  # an interrupted run resumes
     elif args.judge_url:
         raise UserError(f"--judge-url: suite {suite.name} is scored without a judge")
     try:

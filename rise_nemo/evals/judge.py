@@ -12,7 +12,10 @@ is retried) and ``max_tokens``. Two judges run them:
   (docs/evals.md): NOT a measure of quality; the result records ``judge.type = rule``.
 - ``HttpEvalJudge``: an OpenAI-compatible endpoint through the project's ``ChatClient`` (retries with
   backoff, several endpoints, failure cap; greedy decoding, free text parsed strictly). A call whose reply
-  stays unusable after the retries is ``None`` (unknown): the suites leave it out and count it.
+  stays unusable after the retries is ``None`` (unknown): the suites leave it out and count it. With a
+  cache file (``use_cache``; `rise-nemo score` keeps ``<out>/<suite>.judge_cache.jsonl``) every parsed
+  answer is appended as it arrives, keyed by a hash of (judge model, messages): an interrupted scoring run
+  resumes without asking again, and unknowns are asked again.
 
 Every result records ``{"type", "model", "prompt_version"}`` (``SuiteResult.judge``).
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rise_nemo.errors import UserError
@@ -78,6 +82,9 @@ class RuleEvalJudge:
     def describe(self, prompt_version: str) -> dict[str, Any]:
         return {"type": self.kind, "model": self.model, "prompt_version": prompt_version, "calls": self.calls}
 
+    def use_cache(self, path: str | Path) -> None:
+        """The rule judge is free: nothing to keep."""
+
     def close(self) -> None:
         pass
 
@@ -102,6 +109,9 @@ class HttpEvalJudge:
         self._loop = LoopThread("rise-eval-judge-loop")
         self._client = self._make_client(key)
         self.unknown = 0
+        self.cache_hits = 0
+        self._cache: dict[str, Any] = {}
+        self._cache_path: Path | None = None
         self._finalizer = weakref.finalize(self, HttpEvalJudge._shutdown, self._loop, self._client)
 
     def _make_client(self, key: str | None) -> Any:
@@ -113,8 +123,45 @@ class HttpEvalJudge:
                           structured_outputs="off", temperature=0.0, extra_body=dict(c.extra_body or {}),
                           seed=c.seed)
 
+    def use_cache(self, path: str | Path) -> None:
+        """Keep answers in the JSONL file ``path`` (read now, appended to as answers arrive)."""
+        from rise_nemo.evals.base import read_jsonl_rows
+
+        self._cache_path = Path(path)
+        if self._cache_path.is_file():
+            for where, row in read_jsonl_rows(self._cache_path):
+                if not isinstance(row, Mapping) or "key" not in row or "value" not in row:
+                    raise UserError(f"{where}: not a judge cache row (keys 'key', 'value'); delete the file to start over")
+                self._cache[row["key"]] = row["value"]
+
+    def _key(self, call: JudgeCall) -> str:
+        import hashlib
+        import json
+
+        blob = json.dumps([self.model, call.messages], ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+
     def run(self, calls: Sequence[JudgeCall]) -> list[Any]:
-        return self._loop.run(self._run(list(calls)))
+        keys = [self._key(c) for c in calls]
+        out: list[Any] = [self._cache.get(k) for k in keys]
+        todo = [i for i, k in enumerate(keys) if k not in self._cache]
+        self.cache_hits += len(calls) - len(todo)
+        got = self._loop.run(self._run([calls[i] for i in todo])) if todo else []
+        fresh = {}
+        for i, value in zip(todo, got):
+            out[i] = value
+            if value is not None:
+                fresh[keys[i]] = value
+        self._cache.update(fresh)
+        if fresh and self._cache_path is not None:
+            import json
+            import os
+
+            with self._cache_path.open("a", encoding="utf-8") as fh:
+                fh.writelines(json.dumps({"key": k, "value": v}) + "\n" for k, v in fresh.items())
+                fh.flush()
+                os.fsync(fh.fileno())
+        return out
 
     async def _run(self, calls: list[JudgeCall]) -> list[Any]:
         import asyncio
@@ -131,7 +178,7 @@ class HttpEvalJudge:
         c = self._client.counters
         return {"type": self.kind, "model": self.model, "prompt_version": prompt_version,
                 "base_urls": list(self.config.base_urls), "calls": c.calls, "retries": c.retries,
-                "unknown": self.unknown}
+                "unknown": self.unknown, "cache_hits": self.cache_hits}
 
     def close(self) -> None:
         self._finalizer()

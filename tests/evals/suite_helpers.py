@@ -71,3 +71,14 @@ def require_bwrap() -> None:
         if os.environ.get("CI") == "true":
             raise
         pytest.skip(str(exc))
+
+
+def run_cli_with_rule_server(argv, capsys, **server_kwargs) -> tuple[int, str, str]:
+    """``run_cli(argv + --judge-url <a fresh loopback rule server> --judge-model rule-grader)``."""
+    from rise_nemo.judges.rule_server import RuleGraderServer
+
+    server = RuleGraderServer(**server_kwargs).start()
+    try:
+        return run_cli([*argv, "--judge-url", server.url, "--judge-model", "rule-grader"], capsys)
+    finally:
+        server.stop()

@@ -8,14 +8,14 @@ import random
 import statistics
 
 import pytest
-from suite_helpers import ScriptedJudge, run_cli, score_fields, write_responses
+from suite_helpers import ScriptedJudge, run_cli, run_cli_with_rule_server, score_fields, write_responses
 
 from rise_nemo.evals import get_suite
 from rise_nemo.evals.base import ScoreContext
 from rise_nemo.evals.healthbench import PROMPT_VERSION, grader_messages, grader_template, parse_grade
 from rise_nemo.evals.judge import RuleEvalJudge
 from rise_nemo.judges.grading import VerdictParseError
-from rise_nemo.judges.rule_server import RuleGraderServer, rule_verdict
+from rise_nemo.judges.rule_server import rule_verdict
 
 
 def official_calculate_score(points, met):
@@ -110,18 +110,23 @@ def test_http_judge_agrees_with_the_rule_judge(tmp_path, capsys):
                             tmp_path / "rule"], capsys)
     assert rc == 0, err
     rule = score_fields(out)
-    server = RuleGraderServer().start()
-    try:
-        rc, out, err = run_cli(["score", "--suite", "healthbench", "--responses", rows, "--partial", "--out",
-                                tmp_path / "http", "--judge-url", server.url, "--judge-model", "rule-grader"], capsys)
-    finally:
-        server.stop()
+    rc, out, err = run_cli_with_rule_server(["score", "--suite", "healthbench", "--responses", rows, "--partial",
+                                             "--out", tmp_path / "http"], capsys)
     assert rc == 0, err
     http = score_fields(out)
     assert http["score"] == rule["score"] and http["n"] == "6" and http["judge"] == "rule-grader"
     saved = json.loads((tmp_path / "http" / "healthbench.json").read_text())
     assert saved["judge"]["type"] == "http" and saved["judge"]["unknown"] == 0
     assert saved["judge"]["calls"] == sum(len(it.reference) for it in items)
+    # Scoring again into the same folder (an interrupted run resumed) asks the judge nothing new.
+    cache = tmp_path / "http" / "healthbench.judge_cache.jsonl"
+    assert len(cache.read_text().splitlines()) == saved["judge"]["calls"]
+    rc, out, err = run_cli_with_rule_server(["score", "--suite", "healthbench", "--responses", rows, "--partial",
+                                             "--out", tmp_path / "http"], capsys)
+    assert rc == 0, err
+    again = json.loads((tmp_path / "http" / "healthbench.json").read_text())
+    assert again["judge"]["calls"] == 0 and again["judge"]["cache_hits"] == saved["judge"]["calls"]
+    assert score_fields(out)["score"] == http["score"]
 
 
 def test_an_unknown_item_verdict_leaves_the_response_out_and_is_counted():
@@ -146,22 +151,16 @@ def test_http_judge_retries_bad_replies_and_counts_unknowns(tmp_path, capsys):
     rows = write_responses(tmp_path / "r.jsonl", responses_for(items, seed=2))
     n = len(items[0].reference)
     fast = ["--judge-option", "backoff_base_s=0.001", "--judge-option", "backoff_max_s=0.01"]
-    server = RuleGraderServer(script=["malformed", "500"]).start()  # two bad replies, then all good: retried
-    try:
-        rc, out, err = run_cli(["score", "--suite", "healthbench", "--responses", rows, "--partial", "--out",
-                                tmp_path / "a", "--judge-url", server.url, "--judge-model", "m", *fast], capsys)
-    finally:
-        server.stop()
+    # two bad replies, then all good: retried
+    rc, out, err = run_cli_with_rule_server(["score", "--suite", "healthbench", "--responses", rows, "--partial",
+                                             "--out", tmp_path / "a", *fast], capsys, script=["malformed", "500"])
     assert rc == 0, err
     saved = json.loads((tmp_path / "a" / "healthbench.json").read_text())
     assert saved["judge"]["calls"] == n + 2 and saved["judge"]["unknown"] == 0 and saved["metrics"]["unknown"] == 0
-    server = RuleGraderServer(rates={"malformed": 1.0}).start()  # never a usable reply: unknown, never a guess
-    try:
-        rc, out, err = run_cli(["score", "--suite", "healthbench", "--responses", rows, "--partial", "--out",
-                                tmp_path / "b", "--judge-url", server.url, "--judge-model", "m", *fast,
-                                "--judge-option", "max_attempts=2"], capsys)
-    finally:
-        server.stop()
+    # never a usable reply: unknown, never a guess
+    rc, out, err = run_cli_with_rule_server(["score", "--suite", "healthbench", "--responses", rows, "--partial",
+                                             "--out", tmp_path / "b", *fast, "--judge-option", "max_attempts=2"],
+                                            capsys, rates={"malformed": 1.0})
     assert rc == 2 and "no response could be graded" in err and len(err.strip().splitlines()) == 1
     rc, _, err = run_cli(["score", "--suite", "healthbench", "--responses", rows, "--partial", "--judge-url",
                           "http://127.0.0.1:9/v1", "--judge-model", "m", "--judge-option", "bogus=1"], capsys)

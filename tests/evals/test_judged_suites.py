@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from suite_helpers import ScriptedJudge, run_cli, score_fields, write_responses
+from suite_helpers import ScriptedJudge, run_cli, run_cli_with_rule_server, score_fields, write_responses
 
 from rise_nemo.evals import get_suite
 from rise_nemo.evals.arena_hard import battles, parse_label
@@ -15,7 +15,6 @@ from rise_nemo.evals.base import ScoreContext, packaged_data
 from rise_nemo.evals.hh_win_rate import ours, parse_verdict
 from rise_nemo.evals.writingbench import parse_score, rule_score
 from rise_nemo.judges.grading import VerdictParseError
-from rise_nemo.judges.rule_server import RuleGraderServer
 
 JUDGED = ["writingbench", "arena_hard", "hh_win_rate"]
 
@@ -160,12 +159,8 @@ def test_rule_and_http_judges_agree_end_to_end(name, tmp_path, capsys):
     assert rc == 0, err
     rule = score_fields(out)
     assert 0.0 <= float(rule["score"]) <= 1.0 and rule["judge"] == "rule" and rule["n"] == str(len(items))
-    server = RuleGraderServer().start()
-    try:
-        rc, out, err = run_cli(["score", "--suite", name, "--responses", rows, "--out", tmp_path / "http",
-                                "--judge-url", server.url, "--judge-model", "rule-grader"], capsys)
-    finally:
-        server.stop()
+    rc, out, err = run_cli_with_rule_server(["score", "--suite", name, "--responses", rows, "--out", tmp_path / "http"],
+                                            capsys)
     assert rc == 0, err
     http = score_fields(out)
     assert http["score"] == rule["score"] and http["judge"] == "rule-grader"
