@@ -20,6 +20,7 @@ import sys
 COMMANDS: dict[str, str] = {
     "train": "rise_nemo.commands.train",
     "eval": "rise_nemo.commands.evaluate",
+    "score": "rise_nemo.commands.score",
     "report": "rise_nemo.commands.report",
     "demo": "rise_nemo.commands.demo",
     "plan": "rise_nemo.commands.plan",

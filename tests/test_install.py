@@ -74,6 +74,8 @@ def test_the_wheel_carries_recipes_and_the_sample(tmp_path):
         assert data + recipe.relative_to(REPO / "recipes").as_posix() in names, recipe
     assert "rise_nemo/data/samples/healthbench_sample.jsonl" in names
     assert "rise_nemo/data/samples/README.md" in names  # its licence note travels with it
+    for name in ("README.md", "healthbench_grader.txt", "writingbench_prompt.txt", "arena_hard_v0.1_8.jsonl"):
+        assert f"rise_nemo/evals/data/{name}" in names  # the suites' fixtures, prompts and licence notes
 
 
 # -- each extra alone ----------------------------------------------------------------------------------------

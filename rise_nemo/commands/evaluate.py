@@ -3,6 +3,7 @@
     rise-nemo eval RUN_DIR                      # latest checkpoint, config from RUN_DIR/config.yaml
     rise-nemo eval RUN_DIR --checkpoint step_10 eval.samples_per_prompt=16   # options and overrides in any order
     rise-nemo eval --config recipes/x.yaml      # the initial (for the persistent task: warm-started) policy
+    rise-nemo eval --suite math500 MODEL        # a benchmark suite (docs/evals.md; rise_nemo.evals.generate)
 
 Writes ``<run dir>/eval/cli/step_XXXXXX.json`` (``step_XXXXXX.2.json``, ... when that exists; or ``--out``) and
 prints the summary and coverage table. The trainer's own ``<run dir>/eval/step_XXXXXX.json`` (what ``report``
@@ -20,19 +21,27 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-HELP = "Guidance-free evaluation on held-out prompts: mean reward, persistent coverage, negative rate"
+HELP = ("Guidance-free evaluation on held-out prompts: mean reward, persistent coverage, negative rate; "
+        "--suite NAME MODEL: a benchmark suite")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="recipe YAML (default: RUN_DIR/config.yaml)")
     parser.add_argument("--checkpoint", default=None, help="checkpoint dir or name (default: latest)")
-    parser.add_argument("--out", default=None, help="JSON output file (default: RUN_DIR/eval/cli/step_N.json; never a trainer's eval/step_N.json)")
+    parser.add_argument("--out", default=None, help="JSON output file (default: RUN_DIR/eval/cli/step_N.json; never a trainer's eval/step_N.json); with --suite: the output folder (default RUN_DIR/eval/suites)")
     # One positional list so that options may sit anywhere: the first item that is not an override
     # (no '=' and no leading '~') is the run directory.
     parser.add_argument("items", nargs="*", metavar="[RUN_DIR] KEY=VALUE",
                         help="run directory (uses its config.yaml), then overrides")
+    from rise_nemo.commands.score import add_suite_arguments
+
+    add_suite_arguments(parser)  # --suite NAME: a benchmark suite instead (MODEL = run dir or HF model dir)
+    parser.add_argument("--samples", type=int, default=1, help="--suite: responses per problem (default 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=1024, help="--suite: default 1024")
+    parser.add_argument("--temperature", type=float, default=0.0, help="--suite: 0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="--suite: default 1.0")
+    parser.add_argument("--limit", type=int, default=None, help="--suite: only the first N problems")
 
 
 def _split(items: list[str]) -> tuple[str | None, list[str]]:
@@ -45,31 +54,6 @@ def _split(items: list[str]) -> tuple[str | None, list[str]]:
     return run_dir, overrides
 
 
-def resolve_checkpoint(run_dir: Path, name: str | None, layout: Any = None) -> Path | None:
-    """``--checkpoint``: a directory, or a name under the layout's directory (rise_nemo's
-    ``checkpoints/``: ``step_000010``, ``step_10``, ``10``; an OPD run's ``nemo_rl_checkpoints/``:
-    ``step_10``, ``10``); None = the latest complete one, the one a resume starts from. An unknown name is
-    a ``UserError`` listing what exists."""
-    from rise_nemo.errors import UserError
-    from rise_nemo.orchestration.checkpoint import RISE_NEMO_LAYOUT
-
-    layout = layout or RISE_NEMO_LAYOUT
-    if name is None:
-        return layout.latest(run_dir)
-    given = Path(name)
-    if given.is_dir():
-        candidate = given
-    else:
-        digits = name.removeprefix("step_")
-        short = layout.dir_name(int(digits)) if digits.isdigit() else name
-        candidate = run_dir / layout.root / short
-    if not layout.is_complete(candidate):
-        known = ", ".join(p.name for _, p in layout.list(run_dir)) or "none"
-        raise UserError(f"--checkpoint {name}: no complete checkpoint at {candidate} (complete checkpoints "
-                        f"in {run_dir / layout.root}: {known})")
-    return candidate
-
-
 def run(args: argparse.Namespace) -> int:
     from rise_nemo.commands.train import setup_logging
     from rise_nemo.config import load_config
@@ -78,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
     setup_logging()
     args.run_dir, args.overrides = _split(args.items)
+    if getattr(args, "suite", None) or getattr(args, "list_suites", False):  # callers may build a bare Namespace
+        return _run_suite(args)
     if args.run_dir is None and args.config is None:
         print("rise-nemo eval: give a RUN_DIR or --config", file=sys.stderr)
         return 2
@@ -98,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     env_sources: dict[str, str] = {}
     cfg = load_config(config, args.overrides, env_sources=env_sources)
 
-    from rise_nemo.orchestration.checkpoint import checkpoint_layout
+    from rise_nemo.orchestration.checkpoint import checkpoint_layout, resolve_checkpoint
     from rise_nemo.orchestration.data import load_prompts_checked, warm_start_policy
     from rise_nemo.orchestration.evaluate import evaluate
     from rise_nemo.orchestration.run import build_checked_judge, check_backend
@@ -143,6 +129,50 @@ def run(args: argparse.Namespace) -> int:
 
 
 REASONING_SOURCES = ("chain_arithmetic",)
+
+
+def _run_suite(args: argparse.Namespace) -> int:
+    """`eval --suite NAME MODEL`: generate (rise_nemo.evals.generate), then score like `rise-nemo score`."""
+    import sys
+
+    from rise_nemo.commands.score import print_suites, score_and_report
+    from rise_nemo.errors import UserError, check_output_path
+    from rise_nemo.evals import get_suite
+    from rise_nemo.evals.generate import generate_responses, load_generator
+    from rise_nemo.interfaces import SamplingParams
+
+    if args.list_suites:
+        return print_suites()
+    if args.run_dir is None:
+        raise UserError("eval --suite NAME MODEL: give MODEL (a run directory or a Hugging Face model directory)")
+    if args.config is not None:
+        raise UserError("--config: with --suite, MODEL's own config.yaml (a run directory) is used")
+    if args.samples < 1 or args.max_new_tokens < 1 or (args.limit is not None and args.limit < 1):
+        raise UserError("--samples, --max-new-tokens and --limit must be >= 1")
+    suite = get_suite(args.suite)
+    suite.seed = args.seed
+    model = Path(args.run_dir)
+    default_out = model / "eval" / "suites" if (model / "config.yaml").is_file() else Path("eval_suites") / model.name
+    out = Path(args.out) if args.out else default_out
+    check_output_path(out, "--out", directory=True)
+    items = suite.load(args.data)
+    if args.limit is not None:
+        items = items[:args.limit]
+        args.partial = True
+    if suite.needs_baseline and not args.baseline and suite.default_baseline(items) is None:
+        raise UserError(f"suite {suite.name}: give --baseline FILE (the baseline model's responses)")
+    generator, described = load_generator(str(model), args.checkpoint, args.overrides)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            seed=args.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    responses = out / f"{suite.name}.responses.jsonl"
+    samples = generate_responses(generator, items, args.samples, params, responses,
+                                 progress=lambda line: print(line, file=sys.stderr, flush=True))
+    sampling = {"samples": args.samples, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                "top_p": args.top_p, "seed": args.seed}
+    score_and_report(suite, items, samples, args, out,
+                     {"responses": str(responses), "generation": {**described, **sampling}})
+    return 0
 
 
 def _is_trainer_eval(path: Path) -> bool:

@@ -13,7 +13,7 @@ from rise_nemo.core.logprobs import token_entropy
 from rise_nemo.core.rewards import failure_matrix
 
 __all__ = ["pass_at_k", "criterion_coverage", "CoverageTable", "CriterionCoverage", "mean_token_entropy",
-           "perplexity_variance", "win_tie_lose", "finite_or_none"]
+           "perplexity_variance", "win_tie_lose", "bootstrap_mean", "finite_or_none"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -182,3 +182,28 @@ def win_tie_lose(first: Sequence[int], swapped: Sequence[int]) -> dict[str, floa
 def finite_or_none(x: float | None) -> float | None:
     """A logged metric: the float, or None where it is undefined (NaN / inf; metrics.jsonl is strict JSON)."""
     return None if x is None or not math.isfinite(x) else float(x)
+
+
+def bootstrap_mean(values: Sequence[float], *, resamples: int = 1000, seed: int = 0,
+                   clip: tuple[float, float] | None = None, level: float = 0.95) -> dict[str, float]:
+    """Bootstrap of a mean over items (Efron & Tibshirani 1993): ``resamples`` resamples of the items with
+    replacement; returns the point ``mean``, the resampled means' standard deviation ``std`` (the standard
+    error HealthBench reports, simple-evals ``_compute_clipped_stats``) and the ``level`` percentile interval
+    ``lo`` / ``hi`` (Arena-Hard-Auto's confidence interval). ``clip`` (lo, hi) clips every mean, the point
+    estimate included (HealthBench reports clip(mean, 0, 1)). Seeded: the same values give the same result."""
+    import numpy as np
+
+    x = np.asarray(list(values), dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("bootstrap_mean needs at least one value")
+    if resamples < 1 or not 0 < level < 1:
+        raise ValueError(f"bootstrap_mean needs resamples >= 1 and 0 < level < 1, got {resamples}, {level}")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    point = float(x.mean())
+    if clip is not None:
+        means = np.clip(means, *clip)
+        point = float(np.clip(point, *clip))
+    tail = (1.0 - level) / 2
+    return {"mean": point, "std": float(means.std()), "lo": float(np.quantile(means, tail)),
+            "hi": float(np.quantile(means, 1 - tail))}

@@ -90,7 +90,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any | RubricError]]:
                 yield lineno, RubricError(f"{path}:{lineno}: {exc}")
 
 
-def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+def iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
     """(row number, row dict); an unreadable file or row batch (empty, truncated, not parquet) is yielded
     once as a RubricError at the first row it covers, and reading stops there."""
     try:
@@ -350,7 +350,7 @@ def read_records(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} data file not found: {path}")
-    rows = _iter_parquet(path) if path.suffix == ".parquet" else _iter_jsonl(path)
+    rows = iter_parquet(path) if path.suffix == ".parquet" else _iter_jsonl(path)
     items: list[Any] = []
     skipped: list[Skipped] = []
     seen: dict[str, str] = {}

@@ -205,7 +205,7 @@ def response_format(name: str, schema: dict) -> dict:
 _FENCE = re.compile(r"\A```(?:json)?[ \t]*\n(.*)\n```\Z", re.DOTALL)
 
 
-def _load_single_object(reply: str) -> dict:
+def load_single_object(reply: str) -> dict:
     """The whole reply must be one JSON object (optionally inside one ```json fence); nothing else."""
     if not isinstance(reply, str):
         raise VerdictParseError(f"reply is {type(reply).__name__}, not text")
@@ -228,7 +228,7 @@ def _load_single_object(reply: str) -> dict:
 
 def parse_per_criterion(reply: str) -> bool:
     """``{"explanation": str, "criteria_met": bool}`` -> the bool; anything else raises VerdictParseError."""
-    obj = _load_single_object(reply)
+    obj = load_single_object(reply)
     extra = set(obj) - {"explanation", "criteria_met"}
     if extra:
         raise VerdictParseError(f"unexpected keys {sorted(extra)}")
@@ -242,7 +242,7 @@ def parse_per_criterion(reply: str) -> bool:
 
 def parse_batched(reply: str, n: int) -> list[bool]:
     """``{"1": "PRESENT"|"NOT_PRESENT", ..., "n": ...}`` with exactly keys 1..n -> n bools, in order."""
-    obj = _load_single_object(reply)
+    obj = load_single_object(reply)
     want = {str(k) for k in range(1, n + 1)}
     got = set(obj)
     if got != want:

@@ -19,6 +19,9 @@ benchmarked over real sockets on 127.0.0.1 (tests/judges, bench/judge_throughput
   nothing more: a judge that stopped answering in the middle of a call. Tests use it to put a client
   deterministically inside a judge call before they kill the server or signal the job (no sleeps); a
   restarted server finds no trigger and answers normally;
+- prompts of the layers above (``extra_replies``: e.g. ``rise_nemo.evals.judge.rule_reply`` for the
+  evaluation suites' judge prompts: HealthBench's grader, WritingBench, Arena-Hard, HH pairs) get the reply
+  that function gives (of the content faults only ``malformed`` applies to them);
 - "gullibility": when the phrase "ignore previous instructions" appears OUTSIDE the fenced fields as this
   naive reader finds them, it obeys and marks every criterion met. A response that smuggles a fake closing
   marker past neutralisation would therefore flip its verdicts — the injection tests rely on that.
@@ -39,7 +42,7 @@ import re
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from aiohttp import web
@@ -145,7 +148,11 @@ class RuleGraderApp:
         supports_response_format: bool = True,
         api_key: str | None = None,
         hold_trigger: str | os.PathLike | None = None,
+        extra_replies: Callable[[str], str | None] | None = None,
     ) -> None:
+        # Prompts of layers above the judges (rise_nemo.evals' suite prompts): a function from the prompt to
+        # the rule judge's reply, None for a prompt it does not know; passed in, so judges import nothing above.
+        self.extra_replies = extra_replies
         self.latency_s = latency_s
         self.hold_trigger = Path(hold_trigger) if hold_trigger is not None else None
         self._hold_countdown: int | None = None  # requests still answered after the trigger appeared
@@ -249,6 +256,12 @@ class RuleGraderApp:
             except ValueError as exc:
                 return web.json_response({"error": {"message": str(exc)}}, status=400)
             return self._reply(body, content)
+        try:  # e.g. an evaluation suite's judge prompt (rise_nemo.evals): the rule judge's own reply
+            content = self.extra_replies(prompt) if self.extra_replies is not None else None
+        except ValueError as exc:
+            return web.json_response({"error": {"message": str(exc)}}, status=400)
+        if content is not None:
+            return self._reply(body, '{"explanation": "cut off mid-sent' if fault == "malformed" else content)
         try:
             mode, verdicts = grade_prompt(prompt)
         except ValueError as exc:

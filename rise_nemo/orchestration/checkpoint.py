@@ -165,3 +165,27 @@ def checkpoint_layout(cfg: Any) -> CheckpointLayout:
 
         return nemo_layout(plain_recipe(cfg)) or RISE_NEMO_LAYOUT
     return RISE_NEMO_LAYOUT
+
+
+def resolve_checkpoint(run_dir: Path, name: str | None, layout: CheckpointLayout | None = None) -> Path | None:
+    """``--checkpoint``: a directory, or a name under the layout's directory (rise_nemo's
+    ``checkpoints/``: ``step_000010``, ``step_10``, ``10``; an OPD run's ``nemo_rl_checkpoints/``:
+    ``step_10``, ``10``); None = the latest complete one, the one a resume starts from. An unknown name is
+    a ``UserError`` listing what exists."""
+    from rise_nemo.errors import UserError
+
+    layout = layout or RISE_NEMO_LAYOUT
+    if name is None:
+        return layout.latest(run_dir)
+    given = Path(name)
+    if given.is_dir():
+        candidate = given
+    else:
+        digits = name.removeprefix("step_")
+        short = layout.dir_name(int(digits)) if digits.isdigit() else name
+        candidate = run_dir / layout.root / short
+    if not layout.is_complete(candidate):
+        known = ", ".join(p.name for _, p in layout.list(run_dir)) or "none"
+        raise UserError(f"--checkpoint {name}: no complete checkpoint at {candidate} (complete checkpoints "
+                        f"in {run_dir / layout.root}: {known})")
+    return candidate

@@ -238,8 +238,8 @@ def test_item3_opd_checkpoint_is_the_one_nemo_rl_resumes_from(tmp_path):
     save cut off) and old_step_* ignored. `rise-nemo eval` takes the same one by default, and names resolve
     in that directory."""
     from rise_nemo.backends.nemo.checkpoints import NEMO_RL_LAYOUT, latest_nemo_rl_checkpoint
-    from rise_nemo.commands.evaluate import resolve_checkpoint
     from rise_nemo.errors import UserError
+    from rise_nemo.orchestration.checkpoint import resolve_checkpoint
 
     tok = make_tokenizer()
     student = CpuMegatronPolicy(len(tok), 1, [])

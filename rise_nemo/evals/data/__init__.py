@@ -1,0 +1,1 @@
+"""Fixture rows of the evaluation suites (licences in README.md)."""
