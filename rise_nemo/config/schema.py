@@ -65,7 +65,7 @@ class RetentionCfg:
     no_regression: Literal["none", "hard", "soft"] = "none"  # drop / down-weight responses failing a protected criterion
     keep_threshold: float = 0.5  # share of valid natural responses satisfying a criterion that protects it
     # Mask text the judge locates for a met negative criterion. On by default: the one option the embedded
-    # bench shows to help (README, 9 seeds: negative rate 1.0% vs the paper's 1.7%, AUC and reward unchanged);
+    # bench shows to help (docs/results.md, 9 seeds: negative rate 1.0% vs the paper's 1.7%, AUC and reward unchanged);
     # a judge that locates nothing (an LLM judge without quoted spans) leaves the guide loss as in the paper.
     mask_penalised_spans: bool = True
     span_unit: Literal["match", "sentence"] = "sentence"  # mask the located text or its whole sentence
@@ -95,7 +95,7 @@ class RiseCfg:
     privileged_group_size: int | None = None  # G' privileged responses per prompt; None -> grpo.group_size
     schedule: ScheduleCfg = field(default_factory=ScheduleCfg)
     # true = the paper's setting: every option below off (retention = eq. 8 only, no gate, paper hints).
-    # Defaults: only retention.mask_penalised_spans is on (the others did not help on the bench; README).
+    # Defaults: only retention.mask_penalised_spans is on (the others did not help on the bench; docs/results.md).
     paper_faithful: bool = False
     retention: RetentionCfg = field(default_factory=RetentionCfg)
     gate: GateCfg = field(default_factory=GateCfg)

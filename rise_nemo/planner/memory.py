@@ -20,7 +20,7 @@ Byte counts (per parameter on a rank, after dividing the stage's parameters by T
   flight (1F1B). Tokens per micro-batch = max_total_sequence_length x micro-batch size (with sequence
   packing: train_mb_tokens), divided by CP.
 - logits on the last stage: fp32 logits and their gradient, tokens x vocab / TP x 8 B.
-These are estimates for planning, not measurements; the README says how they compare with NeMo-RL's own
+These are estimates for planning, not measurements; docs/planner.md says how they compare with NeMo-RL's own
 memory tracker on a real run when one is available.
 """
 

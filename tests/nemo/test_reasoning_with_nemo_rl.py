@@ -1,7 +1,7 @@
 """The nemo backend's reasoning seams against NeMo-RL's own code (skipped unless ``nemo_rl`` is importable).
 
 Same setup as test_with_nemo_rl.py (NeMo-RL container, or a v0.7 checkout on PYTHONPATH with its pure-Python
-dependencies; README "Running on NeMo-RL"). Checked here:
+dependencies; docs/nemo_rl.md "Running on NeMo-RL"). Checked here:
 - a batch with a given (replayed) response prefix passes NeMo-RL's loss wrapper (logits -> next-token
   log-probs) with exactly zero gradient on the given tokens and non-zero gradient on the sampled ones;
 - per-token advantages through the adapter equal NeMo-RL's ClippedPGLossFn with [B, T] advantages;

@@ -1,7 +1,7 @@
 """The nemo backend against NeMo-RL's own code (skipped unless ``nemo_rl`` is importable).
 
 Setup: inside the NeMo-RL container (``pytest tests/nemo``), or on a CPU machine with a NeMo-RL v0.7 source
-checkout on PYTHONPATH and its pure-Python dependencies installed (see README "Running on NeMo-RL").
+checkout on PYTHONPATH and its pure-Python dependencies installed (see docs/nemo_rl.md "Running on NeMo-RL").
 
 - the loss adapter through NeMo-RL's input preparation (logits -> next-token log-probs) equals NeMo-RL's
   ClippedPGLossFn on a natural-only batch (same clip, token-level, KL 0), in value and gradient;
