@@ -325,9 +325,10 @@ def validate_tree(tree: Mapping[str, Any], prov: Mapping[str, str] | None = None
 
 
 def _with_method_defaults(tree: Mapping[str, Any]) -> dict[str, Any]:
-    from rise_nemo.methods import METHODS
+    from rise_nemo.methods import DEFAULT_METHOD, METHODS
 
-    method = METHODS.get(tree.get("method", "rise")) if isinstance(tree.get("method", "rise"), str) else None
+    name = tree.get("method", DEFAULT_METHOD)
+    method = METHODS.get(name) if isinstance(name, str) else None
     out = _copy(dict(tree))
     for dotted, value in (method.defaults.items() if method is not None else ()):
         *parents, leaf = dotted.split(".")

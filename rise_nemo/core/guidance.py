@@ -4,7 +4,7 @@ The paper keeps a privileged response when A_ref > 0 on the full rubric (eqs. 7-
 (eq. 11). A kept response can still carry habits the rubric penalises — one persistent criterion gained
 outweighs one lost — and the guide loss then teaches them (measured on the embedded task: the
 negative-criterion rate rises during guidance and hinted responses are longer). Everything here is OUR
-extension, not the paper's; ``GuidanceOptions.paper()`` switches every rule off.
+extension, not the paper's; ``options.paper()`` switches every rule off.
 
 1. No-regression retention (extends eq. 8). A criterion is *protected* for a prompt when at least
    ``threshold`` of the prompt's valid natural responses satisfy it (meet a positive criterion, avoid a
@@ -59,24 +59,26 @@ NoRegression = Literal["none", "hard", "soft"]
 
 @dataclass(frozen=True)
 class GuidanceOptions:
-    """The extensions' switches; ``paper()`` is RISE-RL exactly as published (all off)."""
+    """The extensions' switches and parameters, every one given (their defaults live in the recipe schema,
+    rise_nemo.config.schema RetentionCfg / GateCfg); ``paper()`` is RISE-RL exactly as published (all off)."""
 
-    no_regression: NoRegression = "none"
-    keep_threshold: float = 0.5  # share of valid natural responses satisfying a criterion -> protected
-    mask_penalised_spans: bool = False
-    span_unit: Literal["match", "sentence"] = "sentence"  # mask the located text or its whole sentence
-    max_length_ratio: float | None = None  # per-response length check vs the natural mean; None = off
-    gate: bool = False
-    gate_ema: float = 0.5  # weight of the previous EMA value (0 = the current group only)
-    gate_threshold: float = 0.75  # EMA failure share a feedback criterion needs to be hinted
-    privileged_budget: float | None = None  # most privileged rollouts per step / natural rollouts; None = off
+    no_regression: NoRegression
+    keep_threshold: float  # share of valid natural responses satisfying a criterion -> protected
+    mask_penalised_spans: bool
+    span_unit: Literal["match", "sentence"]  # mask the located text or its whole sentence
+    max_length_ratio: float | None  # per-response length check vs the natural mean; None = off
+    gate: bool
+    gate_ema: float  # weight of the previous EMA value (0 = the current group only)
+    gate_threshold: float  # EMA failure share a feedback criterion needs to be hinted
+    privileged_budget: float | None  # most privileged rollouts per step / natural rollouts; None = off
 
-    @staticmethod
-    def paper() -> GuidanceOptions:
-        return GuidanceOptions()
+    def paper(self) -> GuidanceOptions:
+        """These options with every extension off (the parameters of an off rule are never read)."""
+        return replace(self, no_regression="none", mask_penalised_spans=False, max_length_ratio=None, gate=False,
+                       privileged_budget=None)
 
     def with_paper(self, paper_faithful: bool) -> GuidanceOptions:
-        return GuidanceOptions.paper() if paper_faithful else replace(self)
+        return self.paper() if paper_faithful else replace(self)
 
 
 def satisfied_matrix(verdicts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -81,8 +81,8 @@ def clipped_pg_loss(
     advantages: torch.Tensor,
     token_mask: torch.Tensor,
     normalizer: float | torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
+    clip_low: float = LOSS_DEFAULTS["clip_low"],
+    clip_high: float = LOSS_DEFAULTS["clip_high"],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-level PPO/GRPO clipped surrogate with asymmetric clip (DAPO's clip-higher), the L_GRPO of eq. 12.
 
@@ -177,8 +177,8 @@ def guide_loss(
     a_ref: torch.Tensor,
     row_mask: torch.Tensor,
     guided_seq_count: float | torch.Tensor,
-    gamma: float = 0.1,
-    a_max: float = 1.0,
+    gamma: float = LOSS_DEFAULTS["gamma"],
+    a_max: float = LOSS_DEFAULTS["a_max"],
     token_weighting: TokenWeighting = "policy_support",
 ) -> torch.Tensor:
     """Eq. 11: L_guide = -(1/|O_ref|) sum_j (clip(A_ref_j, 0, A_max) / |o_j|) sum_t log rho_jt.

@@ -49,7 +49,7 @@ class ReplayBuffer:
     completion from it was correct). Counters of added / removed / evicted states accumulate in ``stats``.
     """
 
-    capacity: int = 5
+    capacity: int  # rrl.capacity (rise_nemo.config.schema RrlCfg; paper: 5)
     states: dict[str, list[BufferedState]] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=lambda: {"added": 0, "removed": 0, "evicted": 0, "duplicate": 0})
 
@@ -176,10 +176,11 @@ class ValueStabilisation:
     rule fired and ``since`` at which update.
     """
 
-    window: int = 3
-    tolerance: float = 0.1
-    max_steps: int = 10
-    ema: float = 0.7
+    # The rule's parameters: rrl.stabilise (rise_nemo.config.schema RrlStabiliseCfg holds the defaults).
+    window: int
+    tolerance: float
+    max_steps: int
+    ema: float
     updates: int = 0
     mean: float | None = None
     calm: int = 0

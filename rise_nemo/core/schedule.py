@@ -68,14 +68,17 @@ class GuidanceSchedule:
     def __init__(
         self,
         lambda0: float,
-        mode: ScheduleMode = "fixed",
-        s_switch: int | None = None,
-        ema: float = 0.9,
-        tol: float = 0.01,
-        patience: int = 10,
-        min_steps: int = 20,
-        floor: float | None = None,
+        *,
+        mode: ScheduleMode,
+        s_switch: int | None,
+        ema: float,
+        tol: float,
+        patience: int,
+        min_steps: int,
+        floor: float | None,
     ) -> None:
+        """Every parameter is given: the defaults are the recipe schema's (rise_nemo.config.schema ScheduleCfg:
+        rise.lambda_guide -> lambda0, rise.schedule.switch_step -> s_switch, .tolerance -> tol, ...)."""
         if mode not in _MODES:
             raise ValueError(f"schedule mode must be one of {_MODES}, got {mode!r}")
         if mode == "fixed" and (s_switch is None or s_switch < 0):

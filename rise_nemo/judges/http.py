@@ -63,10 +63,11 @@ class HttpJudgeConfig:
     api_key_env: str | None = None  # name of the environment variable holding the key (never the key)
     max_concurrency: int = 64  # requests in flight, over all base URLs
     timeout_s: float = 120.0  # per attempt
-    max_attempts: int = 6  # per request, for unusable replies / errors / timeouts, first try included
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-    retry_deadline_s: float = 900.0  # an outage (judge unreachable, 502/503/504, 429) is waited out this long
+    # Retries: RetryPolicy's defaults (rise_nemo.judges.client), under the judge block's names.
+    max_attempts: int = RetryPolicy.max_attempts  # per request, for unusable replies / errors / timeouts, first try included
+    backoff_base_s: float = RetryPolicy.backoff_base_s
+    backoff_max_s: float = RetryPolicy.backoff_max_s
+    retry_deadline_s: float = RetryPolicy.deadline_s  # an outage (judge unreachable, 502/503/504, 429) is waited out this long
     max_failures: int | None = 10000  # failed attempts per run before the run is stopped; None = no cap
     structured_outputs: str = "auto"  # auto (use, fall back if rejected) | on | off
     temperature: float = 0.0

@@ -64,9 +64,9 @@ class RayJudge:
         builder: str,
         cfg: Mapping[str, Any],
         *,
-        num_cpus: float = 0.5,
-        timeout_s: float = 3600.0,
-        start_timeout_s: float = 300.0,
+        num_cpus: float,  # judge.ray_num_cpus, judge.ray_timeout_s, judge.ray_start_timeout_s (HttpJudgeConfig)
+        timeout_s: float,
+        start_timeout_s: float,
         init_ray: bool = False,
     ) -> None:
         import ray

@@ -71,7 +71,7 @@ def require_verifier_extras(cfg: Any) -> None:
 def _reasoning_method(cfg: Any) -> bool:
     from rise_nemo.methods import get_method
 
-    return get_method(str(cfg.method)).family == "reasoning"
+    return get_method(str(cfg.method)).verifier
 
 
 def warm_start_policy(cfg: Any, policy: Any, generator: Any, progress: bool = True) -> Any:
@@ -160,7 +160,7 @@ def check_real_model(cfg: Any) -> None:
     from rise_nemo.methods import get_method
 
     judge = cfg.judge.get("type") if cfg.judge is not None else None
-    if get_method(str(cfg.method)).reward.startswith("reference_") and judge == "rule":
+    if get_method(str(cfg.method)).judge == "reference" and judge == "rule":
         raise UserError(f"config key 'judge.type': the rule reference judge grades only the embedded task's steps; "
                         f"ExpRL on data.source=jsonl ({cfg.data.train_path}) needs an LLM judge: judge.type=http "
                         "(docs/DESIGN.md §8)")

@@ -27,11 +27,8 @@ from rise_nemo.core.exprl import normalise_score, segment_token_spans, token_pro
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.interfaces import Rollout
 from rise_nemo.judges.reference import ScoreRequest
+from rise_nemo.methods import register_scorer
 from rise_nemo.orchestration.tokens import encode_response, find_tokenizer
-
-# method.reward values (rise_nemo.methods)
-REWARD_OUTCOME, REWARD_PROCESS = "reference_outcome", "reference_process"
-REWARD_SELF_DISTILLATION, REWARD_SFT = "self_distillation", "sft"
 
 
 @dataclass
@@ -55,9 +52,23 @@ def rollout_segments(tokenizer: Any, rollout: Rollout, marker: str) -> tuple[lis
     return spans, texts
 
 
-def reference_scores(ctx: Any, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]]) -> StepScores:
+@register_scorer("reference_outcome")
+def reference_outcome_scores(ctx: Any, problems: Sequence[ReasoningProblem],
+                             groups: Sequence[Sequence[Rollout]]) -> StepScores:
+    """ExpRL-Outcome: the reference judge's normalised score of each whole rollout."""
+    return reference_scores(ctx, problems, groups, process=False)
+
+
+@register_scorer("reference_process")
+def reference_process_scores(ctx: Any, problems: Sequence[ReasoningProblem],
+                             groups: Sequence[Sequence[Rollout]]) -> StepScores:
+    """ExpRL-Process: the reference judge's per-segment scores and the segment token advantages."""
+    return reference_scores(ctx, problems, groups, process=True)
+
+
+def reference_scores(ctx: Any, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]],
+                     process: bool) -> StepScores:
     """ExpRL-Outcome / ExpRL-Process scoring of a step (module docstring): one judge batch for the step."""
-    process = ctx.method.reward == REWARD_PROCESS
     ecfg = ctx.cfg.exprl
     norm, view = str(ecfg.normalisation), str(ecfg.segment_view)
     n, g = len(groups), max((len(x) for x in groups), default=0)

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 MAX_LEVEL_PANELS = 4
-JUDGE_REWARDS = ("reference_outcome", "reference_process")  # rise_nemo.methods Method.reward of ExpRL Stage I
 BOUNDARY = {"color": "0.35", "linestyle": "-.", "linewidth": 1.0}  # a pipeline's stage boundary
 
 
@@ -223,7 +222,7 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
     # 3. Training: verifier reward and judge score in their own panels; the critic's explained variance.
     def reward_kind(run: Any) -> str:
         method = METHODS.get(run.method)
-        return "judge" if method is not None and method.reward in JUDGE_REWARDS else "verifier"
+        return "judge" if method is not None and method.judge == "reference" else "verifier"
 
     panels = []  # (key, run filter, title, y label, y limits, gaps)
     for kind, title, ylabel in (

@@ -19,9 +19,11 @@ The seams RRL and ExpRL plug into without forking this step:
                  rise_nemo.orchestration.rrl); given tokens are context only (token_mask 0) and GAE starts at
                  the state (core.value.gae). ``after_score`` sees the scored groups and the built batch
                  (critic values included) before the policy update; ``after_train`` the step's metrics.
-  scores         ``ReasoningContext.score`` turns (problems, rollouts) into rewards [N, G] and a valid mask
-                 (default: the verifier's 0/1; ExpRL: a reference judge's normalised score), either as a
-                 tuple or as an ``exprl.StepScores`` that may carry per-token advantages (ExpRL-Process).
+  scores         ``ReasoningContext.score`` runs the method's registered scorer (rise_nemo.methods): rewards
+                 [N, G] and a valid mask as one ``exprl.StepScores``, which may carry per-token advantages
+                 (ExpRL-Process). Verifier 0/1 here; ExpRL's reference judge in rise_nemo.orchestration.exprl.
+  advantages     the method's registered advantage estimator (``group``, ``gae``, ``segment``,
+                 ``self_distillation``) writes the batch's advantage columns.
 Sampling, batch building and the policy loss are the RISE step's own stage functions
 (rise_nemo.orchestration.step): one piece of code where the logic is the same.
 """
@@ -48,20 +50,36 @@ from rise_nemo.core.value import (
     whiten,
 )
 from rise_nemo.interfaces import KIND_NATURAL, Critic, Generator, Policy, Rollout, Verifier
-from rise_nemo.methods import Method
+from rise_nemo.methods import (
+    Method,
+    register_advantage,
+    register_hooks,
+    register_loss,
+    register_scorer,
+    register_step,
+)
 from rise_nemo.orchestration import exprl
 from rise_nemo.orchestration.samples import reasoning_sample_records, sft_sample_records
 from rise_nemo.orchestration.step import (
     STREAM_NATURAL,
     TrainSample,
     build_batch,
-    make_policy_loss_fn,
     sampling_params,
 )
 
 
+@register_hooks("none")
 class StepHooks:
-    """What a method adds around the shared step (the default: nothing; PPO / GRPO / ExpRL / SFT)."""
+    """What a method adds around the shared step (the default: nothing; PPO / GRPO / ExpRL / SFT). A method's
+    hooks (``Method.hooks``) are built once per run from the recipe and the training set's size."""
+
+    def __init__(self, cfg: Any = None, n_train_problems: int = 0):
+        pass
+
+    @classmethod
+    def check_data(cls, cfg: Any, train_problems: Sequence[Any]) -> None:
+        """Refuses (one-line UserError) training data these hooks cannot work on, before any model is built."""
+        return None
 
     def start_states(self, ctx: ReasoningContext, problems: Sequence[ReasoningProblem],
                      step: int) -> list[list[list[int]]] | None:
@@ -96,41 +114,54 @@ class ReasoningContext:
     method: Method
     critic: Critic | None = None  # required when method.critic
     pad_id: int = 0
-    hooks: StepHooks = field(default_factory=StepHooks)  # method-specific stages (RRL: rise_nemo.orchestration.rrl)
+    hooks: StepHooks | None = None  # method-specific stages (RRL: rise_nemo.orchestration.rrl); None: no-ops
     rng: random.Random = field(default_factory=random.Random)  # method-level choices (RRL replay); checkpointed
     samples_per_step: int = 0  # rollouts recorded in ``last_samples`` (samples.jsonl); 0 = none
     last_samples: list[dict[str, Any]] = field(default_factory=list)
     reference_judge: Any = None  # ExpRL methods: rise_nemo.judges.reference (sees the hidden reference)
+    step_accuracy: Any = None  # the task's step-accuracy checker for evaluation (None: not reported)
 
     def __post_init__(self) -> None:
         if self.method.critic and self.critic is None:
             raise ValueError(f"method {self.method.name!r} needs a critic (backend build_critic)")
-        if self.method.reward in (exprl.REWARD_OUTCOME, exprl.REWARD_PROCESS) and self.reference_judge is None:
+        if self.method.judge == "reference" and self.reference_judge is None:
             raise ValueError(f"method {self.method.name!r} needs a reference judge (rise_nemo.judges.reference)")
+        if self.hooks is None:
+            self.hooks = StepHooks()
 
-    def score(self, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]]):
-        """The step's rewards. A verifier with a ``batch_metrics()`` method (e.g. the code reward's pass
-        fraction and outcome kinds) adds what it returns, for the batch it just verified, to the step's
-        metrics."""
-        if self.method.reward in (exprl.REWARD_OUTCOME, exprl.REWARD_PROCESS):
-            return exprl.reference_scores(self, problems, groups)
-        rewards, valid = verify_rewards(self.verifier, problems, groups)
-        batch_metrics = getattr(self.verifier, "batch_metrics", None)
-        return exprl.StepScores(rewards, valid, metrics=dict(batch_metrics()) if callable(batch_metrics) else {})
+    def score(self, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]]) -> exprl.StepScores:
+        """The step's rewards from the method's registered scorer (rise_nemo.methods)."""
+        return self.method.scorer_fn()(self, problems, groups)
 
     def reference_judge_calls(self) -> int:
         return int(getattr(self.reference_judge, "calls", 0))
 
+    # The trainer's view of the method's own state (rise_nemo.methods.StepState).
+    def state_dict(self) -> dict[str, Any]:
+        return {"hooks": self.hooks.state_dict()}  # RRL: replay buffer + value-loss stabilisation
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.hooks.load_state_dict(state.get("hooks"))
+
+    def summary(self, step: int) -> dict[str, Any]:
+        return {"switch_reason": None, "switch_step": None}
+
+
+@register_scorer("verifier")
+def verifier_scores(ctx: ReasoningContext, problems: Sequence[ReasoningProblem],
+                    groups: Sequence[Sequence[Rollout]]) -> exprl.StepScores:
+    """The verifier's 0/1 rewards. A verifier with a ``batch_metrics()`` method (e.g. the code reward's pass
+    fraction and outcome kinds) adds what it returns, for the batch it just verified, to the step's metrics."""
+    rewards, valid = verify_rewards(ctx.verifier, problems, groups)
+    batch_metrics = getattr(ctx.verifier, "batch_metrics", None)
+    return exprl.StepScores(rewards, valid, metrics=dict(batch_metrics()) if callable(batch_metrics) else {})
+
 
 def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProblem], step: int) -> dict[str, Any]:
     t_start = time.perf_counter()
-    if ctx.method.reward == exprl.REWARD_SFT:
-        return sft_step(ctx, problems, step, t_start)
     prefixes = ctx.hooks.start_states(ctx, problems, step)  # None, or per-rollout given response tokens (RRL)
     groups = sample_groups(ctx, problems, prefixes, step)  # [N][G]
     scored = ctx.score(problems, groups)
-    if not isinstance(scored, exprl.StepScores):
-        scored = exprl.StepScores(*scored)
     rewards, valid = scored.rewards, scored.valid  # [N, G] each
     t_sample = time.perf_counter()
 
@@ -140,26 +171,14 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
                for i, g in enumerate(groups) for j, r in enumerate(g) if bool(valid[i, j])]
     batch = build_batch(samples, ctx.pad_id)
     batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
-    row_rewards = rewards[valid]  # [B], same order as the samples
     extra: dict[str, Any] = dict(scored.metrics)
     extra["diversity/ppl_variance"] = scratch_perplexity_variance(batch, groups, valid)
-    if ctx.method.critic:
-        extra.update(add_gae_columns(ctx, batch, row_rewards))  # token_advantages, values, returns
-    elif scored.token_advantages is not None:  # ExpRL-Process: segment advantages, no group normalisation
-        batch["token_advantages"] = place_token_advantages(batch, groups, valid, scored.token_advantages)
-        batch["advantages"] = torch.zeros(batch["token_mask"].shape[0])
-    elif ctx.method.reward == exprl.REWARD_SELF_DISTILLATION:
-        batch["token_advantages"] = exprl.self_distillation_advantages(ctx, problems, groups, valid, batch)
-        batch["advantages"] = torch.zeros(batch["token_mask"].shape[0])
-        mask = batch["token_mask"].bool()
-        extra["distill/reverse_kl"] = float(-batch["token_advantages"][mask].mean()) if bool(mask.any()) else None
-    else:
-        batch["advantages"] = group_advantages(rewards, eps=float(ctx.cfg.grpo.eps), valid=valid)[valid]  # [B]
+    extra.update(ctx.method.advantage_fn()(ctx, problems, groups, scored, batch))  # the batch's advantage columns
     extra.update(ctx.hooks.after_score(ctx, problems, groups, rewards, valid, batch))
     if ctx.samples_per_step:
         ctx.last_samples = reasoning_sample_records(step, problems, groups, rewards, valid, batch, ctx.samples_per_step)
     warmup = critic_warmup(ctx, step)
-    train_metrics = {} if warmup else ctx.policy.train(batch, make_policy_loss_fn(ctx.cfg))
+    train_metrics = {} if warmup else ctx.policy.train(batch, ctx.method.loss_factory()(ctx.cfg))
     if ctx.critic is not None:
         if int(ctx.cfg.ppo.critic_warmup_steps) > 0:  # off (0): the metrics stay exactly as before
             train_metrics["critic/warmup"] = warmup
@@ -176,6 +195,48 @@ def critic_warmup(ctx: ReasoningContext, step: int) -> bool:
     """verl's ``trainer.critic_warmup``: the first ``ppo.critic_warmup_steps`` steps (1-based) train only the
     critic; the policy is not updated. A function of the step number only, so resume is exact."""
     return ctx.critic is not None and step <= int(ctx.cfg.ppo.critic_warmup_steps)
+
+
+# ---- advantage estimators (rise_nemo.methods.register_advantage): (ctx, problems, groups, scored, batch) ->
+# the step's metrics; each writes ``batch["advantages"]`` [B] (and ``token_advantages`` [B, T]); batch row b is
+# the b-th valid rollout in (problem, sample) order (build_batch of the valid rollouts).
+
+
+@register_advantage("group")
+def group_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exprl.StepScores,
+                            batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Eq. 1 of RISE-RL / GRPO: group-normalised rewards, one per row."""
+    batch["advantages"] = group_advantages(scored.rewards, eps=float(ctx.cfg.grpo.eps), valid=scored.valid)[scored.valid]
+    return {}
+
+
+@register_advantage("gae")
+def gae_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exprl.StepScores,
+                          batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """PPO: critic values and GAE (add_gae_columns) on the sparse reward of each row."""
+    return add_gae_columns(ctx, batch, scored.rewards[scored.valid])  # token_advantages, values, returns
+
+
+@register_advantage("segment")
+def segment_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exprl.StepScores,
+                              batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """ExpRL-Process: the scorer's per-token segment advantages, no group normalisation."""
+    if scored.token_advantages is None:
+        raise ValueError(f"method {ctx.method.name!r}: advantage 'segment' needs a scorer that gives per-token "
+                         f"advantages; scorer {ctx.method.scorer!r} gives none")
+    batch["token_advantages"] = place_token_advantages(batch, groups, scored.valid, scored.token_advantages)
+    batch["advantages"] = torch.zeros(batch["token_mask"].shape[0])
+    return {}
+
+
+@register_advantage("self_distillation")
+def self_distillation_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exprl.StepScores,
+                                        batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """On-policy self-distillation: the reference-in-context teacher's per-token advantages."""
+    batch["token_advantages"] = exprl.self_distillation_advantages(ctx, problems, groups, scored.valid, batch)
+    batch["advantages"] = torch.zeros(batch["token_mask"].shape[0])
+    mask = batch["token_mask"].bool()
+    return {"distill/reverse_kl": float(-batch["token_advantages"][mask].mean()) if bool(mask.any()) else None}
 
 
 def place_token_advantages(batch: dict[str, torch.Tensor], groups, valid: torch.Tensor,
@@ -196,15 +257,14 @@ def place_token_advantages(batch: dict[str, torch.Tensor], groups, valid: torch.
     return out * batch["token_mask"]
 
 
-def sft_step(ctx: ReasoningContext, problems: Sequence[ReasoningProblem], step: int, t_start: float) -> dict[str, Any]:
+def sft_step(ctx: ReasoningContext, problems: Sequence[ReasoningProblem], step: int) -> dict[str, Any]:
     """The SFT baseline: one optimiser step of NLL on the problems' reference solutions (plain prompts)."""
-    from rise_nemo.tasks.sft import sft_loss
-
+    t_start = time.perf_counter()
     batch = exprl.sft_reference_batch(ctx, problems)
     if ctx.samples_per_step:
         ctx.last_samples = sft_sample_records(step, problems, batch, ctx.samples_per_step)
     t_sample = time.perf_counter()
-    train_metrics = ctx.policy.train(batch, sft_loss)
+    train_metrics = ctx.policy.train(batch, ctx.method.loss_factory()(ctx.cfg))
     t_train = time.perf_counter()
     n = len(problems)
     return reasoning_metrics(step, [[] for _ in problems], torch.zeros(n, 1), torch.zeros(n, 1, dtype=torch.bool),
@@ -312,3 +372,62 @@ def reasoning_metrics(step, groups, rewards, valid, batch, train_metrics, times)
     metrics["time/sample_s"] = t_sample - t_start
     metrics["time/train_s"] = t_train - t_sample
     return metrics
+
+
+@register_loss("sft_nll")
+def make_sft_loss(cfg: Any, lam: float = 0.0, token_weighting: str = "policy_support") -> Any:
+    """Teacher-forced NLL (rise_nemo.tasks.sft); the policy-loss arguments do not apply."""
+    from rise_nemo.tasks.sft import sft_loss
+
+    return sft_loss
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The training steps of the reasoning methods (rise_nemo.methods.register_step)
+
+REASONING_PROGRESS_KEYS = (("reward/mean", "r"), ("critic/explained_variance", "ev"), ("loss/pg", "pg"))
+
+
+@register_step("reasoning")
+class ReasoningStep:
+    """Verifier-rewarded reasoning methods: sample G rollouts per problem, score, advantages, train."""
+
+    train_step = staticmethod(reasoning_train_step)
+
+    @staticmethod
+    def build_context(method: Method, run: Any) -> ReasoningContext:
+        if run.verifier is None:
+            raise ValueError(f"method {method.name!r} needs a verifier")
+        hooks = method.hooks_type()(run.cfg, run.n_train_problems)
+        # ExpRL methods: ``judge`` is the reference judge (rise_nemo.judges.reference); its counters go to
+        # metrics.jsonl like the rubric judge's.
+        return ReasoningContext(cfg=run.cfg, policy=run.policy, generator=run.generator, verifier=run.verifier,
+                                method=method, critic=run.critic, pad_id=run.pad_id, rng=run.rng,
+                                samples_per_step=run.samples_per_step, reference_judge=run.judge, hooks=hooks,
+                                step_accuracy=run.step_accuracy)
+
+    @staticmethod
+    def progress_keys(method: Method) -> tuple[tuple[str, str], ...]:
+        """Only what the method logs (no critic: no explained variance), never a column that stays '-'."""
+        return tuple(k for k in REASONING_PROGRESS_KEYS if method.critic or not k[0].startswith("critic/"))
+
+    @staticmethod
+    def evaluate(ctx: ReasoningContext, eval_prompts: Sequence[Any], step: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """pass@1 on the held-out problems (rise_nemo.orchestration.reasoning_eval): (result, fields to log)."""
+        from rise_nemo.orchestration.evaluate import eval_sampling_params
+        from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning
+
+        result = evaluate_reasoning(ctx.generator, ctx.verifier, eval_prompts, int(ctx.cfg.eval.samples_per_prompt),
+                                    eval_sampling_params(ctx.cfg, step), step, step_accuracy=ctx.step_accuracy)
+        return result, {"pass@1": result["pass_at_1"], "mean length": f"{result['response_length']:.1f}"}
+
+
+@register_step("sft")
+class SFTStep(ReasoningStep):
+    """The SFT baseline: the reasoning step's context and evaluation, NLL on the references (no sampling)."""
+
+    train_step = staticmethod(sft_step)
+
+    @staticmethod
+    def progress_keys(method: Method) -> tuple[tuple[str, str], ...]:
+        return (("sft/nll", "nll"),)

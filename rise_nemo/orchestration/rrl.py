@@ -39,6 +39,7 @@ from rise_nemo.core.replay import (
 )
 from rise_nemo.errors import UserError
 from rise_nemo.interfaces import Rollout
+from rise_nemo.methods import register_hooks
 from rise_nemo.orchestration.reasoning_step import ReasoningContext, StepHooks
 from rise_nemo.orchestration.step import TrainSample, build_batch
 from rise_nemo.orchestration.tokens import encode_response, find_tokenizer
@@ -72,13 +73,17 @@ def check_granularity(cfg: Any, problems: Sequence[Any]) -> None:
 
 
 def make_step_hooks(cfg: Any, method_name: str, n_train_problems: int) -> StepHooks:
-    """The reasoning step's hooks for a method: RRL's replay for ``rrl``, no-ops for every other method."""
-    if method_name == "rrl":
-        return RRLHooks(cfg, n_train_problems)
-    return StepHooks()
+    """The reasoning step's hooks the method names (rise_nemo.methods ``Method.hooks``): RRL's replay for
+    ``rrl``, no-ops for the others."""
+    from rise_nemo.methods import get_method
+
+    return get_method(method_name).hooks_type()(cfg, n_train_problems)
 
 
+@register_hooks("rrl")
 class RRLHooks(StepHooks):
+    check_data = staticmethod(check_granularity)  # before any model is built (orchestration.run)
+
     def __init__(self, cfg: Any, n_train_problems: int):
         r = cfg.rrl
         self.beta = float(r.beta)

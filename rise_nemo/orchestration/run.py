@@ -26,16 +26,13 @@ from rise_nemo.orchestration.data import (
 )
 from rise_nemo.orchestration.rundir import RunDirLock, check_resume, check_run_dir_path
 from rise_nemo.orchestration.signals import interrupt_setup
-from rise_nemo.orchestration.trainer import Trainer, resolve_run_dir
+from rise_nemo.orchestration.trainer import Trainer, resolve_run_dir  # imports the registered behaviour
 
 
 def check_method(cfg: Any) -> None:
-    """The method has an entry point here (registry: rise_nemo.methods); `opd` runs elsewhere."""
-    from rise_nemo.orchestration.step import MethodSpec
-
+    """The method is registered and has a training step here (rise_nemo.methods); `opd` runs elsewhere."""
     try:
-        if get_method(str(cfg.method)).family != "reasoning":
-            MethodSpec.from_config(str(cfg.method))
+        get_method(str(cfg.method)).training_step()
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
@@ -108,19 +105,11 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
             require_verifier_extras(cfg)
             check_real_model(cfg)
             train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
-            if method.name == "rrl":
-                from rise_nemo.orchestration.rrl import check_granularity
-
-                check_granularity(cfg, train_prompts)
+            method.hooks_type().check_data(cfg, train_prompts)  # e.g. RRL: rrl.granularity can cut the data
             check_backend(cfg)
-            # Reasoning methods score with a verifier (ExpRL's also with a reference judge); the rubric methods need
-            # the rubric judge. Both are checked (and HTTP judges probed) before any model is built.
-            if method.family != "reasoning":
-                judge = build_checked_judge(cfg)
-            elif method.reward in ("reference_outcome", "reference_process"):
-                judge = build_checked_judge(cfg, reference=True)
-            else:
-                judge = None
+            # The judge the method names (rise_nemo.methods): the rubric judge, ExpRL's reference judge, or none
+            # (verifier-scored methods); checked (and HTTP judges probed) before any model is built.
+            judge = build_checked_judge(cfg, reference=method.judge == "reference") if method.judge else None
             from rise_nemo.backends import build_backend, build_critic
 
             # The checkpoint the Trainer resumes from (Trainer.resume: the latest); the nemo backend is built from it.
@@ -135,7 +124,7 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
                 else:
                     warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
             reasoning: dict[str, Any] = {}
-            if method.family == "reasoning":
+            if method.verifier:
                 verifier, step_accuracy = reasoning_tools(cfg)
                 # The critic copies the policy's body AFTER the warm start (a resume overwrites it from the checkpoint).
                 critic = build_critic(cfg, policy, checkpoint=latest) if method.critic else None

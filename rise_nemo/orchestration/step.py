@@ -1,7 +1,8 @@
 """One training step of RISE-RL and of its baselines (docs/DESIGN.md §2), written against rise_nemo.interfaces.
 
 ``train_step`` reads top to bottom; every stage is a named function below it. Which method runs is
-configuration only (``MethodSpec.from_config``):
+configuration only (the method's switches in the registry, rise_nemo.methods; this step is registered as
+``rubric``):
 
   rise       GRPO on natural rollouts + the decoupled guide loss on retained privileged rollouts (eq. 12)
   rubric_rl  GRPO only (guidance off)
@@ -47,7 +48,7 @@ from rise_nemo.core.prompts import (
 )
 from rise_nemo.core.rewards import criterion_priority, failure_matrix, rubric_reward, select_feedback
 from rise_nemo.core.rubric import Criterion, RubricPrompt
-from rise_nemo.core.schedule import reward_gap
+from rise_nemo.core.schedule import GuidanceSchedule, reward_gap
 from rise_nemo.interfaces import (
     KIND_GUIDED,
     KIND_NATURAL,
@@ -59,6 +60,7 @@ from rise_nemo.interfaces import (
     SamplingParams,
     Verdict,
 )
+from rise_nemo.methods import Method, register_advantage, register_loss, register_scorer, register_step
 
 # Seed streams: each generate call in a step gets its own seed derived from (run seed, step, stream), so a
 # resumed run samples exactly what the uninterrupted run sampled.
@@ -69,27 +71,14 @@ def derive_seed(run_seed: int, step: int, stream: int) -> int:
     return (run_seed * 1_000_003 + step * 7_919 + stream * 104_729) % (2**31 - 1)
 
 
-@dataclass(frozen=True)
-class MethodSpec:
-    guidance: bool  # generate privileged rollouts while the schedule is active
-    coupled: bool  # privileged rows join the natural GRPO group (kind 0) instead of the guide loss
-    ruscarl: bool  # natural rollouts sampled under RuscaRL scaffolds
-    token_weighting: str  # guide-loss token weights: "policy_support" (eqs. 9-10) or "uniform"
-
-    @staticmethod
-    def from_config(method: str) -> MethodSpec:
-        """The RISE-family switches of ``method`` from the one registry (rise_nemo.methods)."""
-        from rise_nemo.methods import get_method
-
-        m = get_method(method)
-        if m.family == "distillation":
-            # On-policy distillation trains with a teacher's token distribution, not this loop's rewards.
-            raise ValueError("config key 'method': 'opd' (on-policy distillation) runs on NeMo-RL's distillation "
-                             "path: `rise-nemo distill --config RECIPE`")
-        if m.family != "rubric":
-            raise ValueError(f"config key 'method': {method!r} is a {m.family} method; its step is "
-                             "rise_nemo.orchestration.reasoning_step")
-        return MethodSpec(m.guidance, m.coupled, m.ruscarl, m.token_weighting)
+def make_schedule(cfg: Any) -> GuidanceSchedule:
+    """eq. 13's schedule from ``rise.schedule`` (mode fixed / auto / never)."""
+    s = cfg.rise.schedule
+    return GuidanceSchedule(
+        lambda0=float(cfg.rise.lambda_guide), mode=str(s.mode), s_switch=int(s.switch_step), ema=float(s.ema),
+        tol=float(s.tolerance), patience=int(s.patience), min_steps=int(s.min_steps),
+        floor=None if s.floor is None else float(s.floor),
+    )
 
 
 def guidance_options(cfg: Any) -> GuidanceOptions:
@@ -121,7 +110,7 @@ class StepContext:
     judge: Judge
     schedule: Any  # rise_nemo.core.schedule.GuidanceSchedule
     rng: random.Random  # template choice (eq. 6) and RuscaRL criterion subsets; checkpointed
-    spec: MethodSpec
+    method: Method  # its rubric switches: guidance, coupled, ruscarl, token_weighting (rise_nemo.methods)
     total_steps: int
     pad_id: int = 0
     samples_per_step: int = 0  # rollouts per kind recorded in ``last_samples`` (samples.jsonl); 0 = none
@@ -135,6 +124,23 @@ class StepContext:
             self.options = guidance_options(self.cfg)
         if self.gate is None and self.options.gate:
             self.gate = FailureGate(self.options.gate_ema, self.options.gate_threshold)
+
+    # The trainer's view of the method's own state (rise_nemo.methods.StepState).
+    def state_dict(self) -> dict[str, Any]:
+        return {"schedule": self.schedule.state_dict(),
+                "gate": self.gate.state_dict() if self.gate is not None else None}  # adaptive guidance gating
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.schedule.load_state_dict(state["schedule"])
+        if self.gate is not None and state.get("gate") is not None:
+            self.gate.load_state_dict(state["gate"])
+
+    def summary(self, step: int) -> dict[str, Any]:
+        """The guidance switch, only if it happened (a fixed schedule past the last step is not reported)."""
+        switch_step = getattr(self.schedule, "switch_step", None)
+        switched = self.method.guidance and switch_step is not None and step >= switch_step
+        return {"switch_reason": getattr(self.schedule, "switch_reason", None) if switched else None,
+                "switch_step": switch_step if switched else None}
 
     def original_prompt_ids(self, prompt: RubricPrompt) -> list[int]:
         key = prompt.prompt_id
@@ -178,12 +184,12 @@ class TrainSample:
 
 def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> dict[str, Any]:
     t_start = time.perf_counter()
-    guided_phase = ctx.spec.guidance and bool(ctx.schedule.active)
-    lam = float(ctx.schedule.lambda_at(step)) if ctx.spec.guidance else 0.0
+    guided_phase = ctx.method.guidance and bool(ctx.schedule.active)
+    lam = float(ctx.schedule.lambda_at(step)) if ctx.method.guidance else 0.0
 
     natural = sample_natural(ctx, prompts, step)  # [N][G] rollouts
-    nat = judge_and_score(ctx, prompts, natural)  # rewards/valid [N, G]
-    nat_adv = group_advantages(nat.rewards, eps=ctx.cfg.grpo.eps, valid=nat.valid)  # eq. 1, [N, G]
+    nat = ctx.method.scorer_fn()(ctx, prompts, natural)  # rewards/valid [N, G]
+    nat_adv = ctx.method.advantage_fn()(ctx, nat)  # eq. 1, [N, G]
     t_natural = time.perf_counter()
 
     priv, targets, guide_gate_stats = None, [], {}
@@ -203,7 +209,7 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
     samples = natural_samples(ctx, prompts, natural, nat, nat_adv)
     guide_stats: dict[str, Any] = dict(guide_gate_stats)
     if priv is not None and targets:
-        if ctx.spec.coupled:
+        if ctx.method.coupled:
             samples, coupled_stats = coupled_samples(ctx, prompts, natural, nat, priv, targets)
             guide_stats.update(coupled_stats)
         else:
@@ -221,7 +227,7 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
     t_train = time.perf_counter()
 
     delta_r = guidance_delta(nat, priv, targets)  # eq. 13
-    if ctx.spec.guidance:
+    if ctx.method.guidance:
         ctx.schedule.update(step, delta_r)
     return step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_metrics, guide_stats,
                         times=(t_start, t_natural, t_priv, t_train, time.perf_counter()))
@@ -244,7 +250,7 @@ def sample_natural(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int)
     """G rollouts per prompt under the original conversation (RuscaRL: under per-sample scaffolds)."""
     g = int(ctx.cfg.grpo.group_size)
     params = sampling_params(ctx.cfg, step, STREAM_NATURAL)
-    if not ctx.spec.ruscarl:
+    if not ctx.method.ruscarl:
         return ctx.generator.generate([list(p.messages) for p in prompts], g, params)
     progress = (step - 1) / max(1, ctx.total_steps)  # x in [0, 1): training progress of phi(x)
     scaffolds = []
@@ -259,6 +265,7 @@ def sample_natural(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int)
     return [[flat[n * g + i][0] for i in range(g)] for n in range(len(prompts))]
 
 
+@register_scorer("rubric_judge")
 def judge_and_score(
     ctx: StepContext, prompts: Sequence[RubricPrompt], groups: Sequence[Sequence[Rollout]]
 ) -> Scored:
@@ -281,6 +288,13 @@ def judge_and_score(
                                    float(ctx.cfg.reward.overlong_factor))
             rewards[i, : len(group)] += torch.where(valid[i, : len(group)], pen, torch.zeros_like(pen))
     return Scored(list(map(list, groups)), verdicts, rewards, valid)
+
+
+@register_advantage("rubric")
+def rubric_group_advantages(ctx: StepContext, scored: Scored) -> torch.Tensor:
+    """Eq. 1 over each prompt's natural group, [N, G] (the rubric step's estimator; coupled_samples re-derives
+    the coupled groups' from it)."""
+    return group_advantages(scored.rewards, eps=ctx.cfg.grpo.eps, valid=scored.valid)
 
 
 def judge_groups(
@@ -394,9 +408,9 @@ def natural_samples(
         for j, r in enumerate(group):
             if not bool(nat.valid[i, j]):
                 continue
-            prompt_ids = ctx.original_prompt_ids(prompt) if ctx.spec.ruscarl else list(r.prompt_token_ids)
+            prompt_ids = ctx.original_prompt_ids(prompt) if ctx.method.ruscarl else list(r.prompt_token_ids)
             out.append(TrainSample(prompt_ids, list(r.response_token_ids), KIND_NATURAL, float(adv[i, j]),
-                                   list(r.sampling_logprobs), sampled_under_train_prompt=not ctx.spec.ruscarl,
+                                   list(r.sampling_logprobs), sampled_under_train_prompt=not ctx.method.ruscarl,
                                    source=(False, i, j)))
     return out
 
@@ -571,9 +585,10 @@ def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, to
 
 def make_loss_fn(ctx: StepContext, lam: float):
     """Eq. 12 with this step's lambda_guide; a picklable partial (NeMo-RL ships the loss to its workers)."""
-    return make_policy_loss_fn(ctx.cfg, lam, ctx.spec.token_weighting)
+    return ctx.method.loss_factory()(ctx.cfg, lam, ctx.method.token_weighting)
 
 
+@register_loss("policy_gradient")
 def make_policy_loss_fn(cfg: Any, lam: float = 0.0, token_weighting: str = "policy_support"):
     """The recipe's policy loss (core.losses.make_policy_loss): eq. 12 with ``lam``; with lam 0 and per-token
     advantages, PPO's clipped surrogate. It says whether it needs reference log-probs (KL > 0)."""
@@ -616,7 +631,7 @@ def step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_
     }
     metrics.update(guide_stats)
     metrics.update({k: finite_or_none(float(v)) for k, v in train_metrics.items()})
-    if ctx.spec.guidance:  # only once guidance has actually been removed (never for a run that did not switch)
+    if ctx.method.guidance:  # only once guidance has actually been removed (never for a run that did not switch)
         switched = not bool(ctx.schedule.active)
         metrics["guidance/switch_reason"] = getattr(ctx.schedule, "switch_reason", None) if switched else None
     metrics["time/step_s"] = t_end - t_start
@@ -624,3 +639,36 @@ def step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_
     metrics["time/privileged_s"] = t_priv - t_natural
     metrics["time/train_s"] = t_train - t_priv
     return metrics
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The training step of the rubric methods (rise_nemo.methods.register_step)
+
+PROGRESS_KEYS = (("reward/natural_mean", "r_nat"), ("reward/privileged_mean", "r_priv"),
+                 ("guidance/delta_r", "dr"), ("guidance/lambda", "lam"), ("guidance/retained", "kept"))
+
+
+@register_step("rubric")
+class RubricStep:
+    """Rubric-judged GRPO with RISE-RL's guidance (train_step); evaluation without guidance (evaluate.py)."""
+
+    train_step = staticmethod(train_step)
+
+    @staticmethod
+    def build_context(method: Method, run: Any) -> StepContext:
+        return StepContext(cfg=run.cfg, policy=run.policy, generator=run.generator, judge=run.judge,
+                           schedule=make_schedule(run.cfg), rng=run.rng, method=method, total_steps=run.total_steps,
+                           pad_id=run.pad_id, samples_per_step=run.samples_per_step)
+
+    @staticmethod
+    def progress_keys(method: Method) -> tuple[tuple[str, str], ...]:
+        return PROGRESS_KEYS
+
+    @staticmethod
+    def evaluate(ctx: StepContext, eval_prompts: Sequence[RubricPrompt], step: int) -> tuple[dict[str, Any], dict]:
+        """Guidance-free evaluation (rise_nemo.orchestration.evaluate): (result, fields to log)."""
+        from rise_nemo.orchestration.evaluate import evaluate
+
+        result = evaluate(ctx.cfg, ctx.generator, ctx.judge, eval_prompts, step)
+        return result, {"reward": result["reward_mean"], "persistent coverage": result["persistent_coverage"],
+                        "negative rate": result["negative_rate"]}

@@ -33,19 +33,21 @@ from typing import Any
 import numpy as np
 import torch
 
+# The built-in training steps, scorers, advantage estimators, losses and hooks register themselves on import
+# (rise_nemo.methods); the trainer only asks the method for them.
+import rise_nemo.orchestration.exprl
+import rise_nemo.orchestration.reasoning_step
+import rise_nemo.orchestration.rrl
+import rise_nemo.orchestration.step  # noqa: F401
 from rise_nemo.core.rubric import RubricPrompt
-from rise_nemo.core.schedule import GuidanceSchedule
 from rise_nemo.interfaces import Critic, Generator, Judge, Policy, Verifier
-from rise_nemo.methods import get_method
+from rise_nemo.methods import RunParts, get_method
 from rise_nemo.orchestration import checkpoint as ckpt
 from rise_nemo.orchestration.data import PromptSampler
-from rise_nemo.orchestration.evaluate import eval_sampling_params, evaluate
-from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning
-from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
-from rise_nemo.orchestration.rrl import make_step_hooks
+from rise_nemo.orchestration.reasoning_step import REASONING_PROGRESS_KEYS  # noqa: F401 (re-exported)
 from rise_nemo.orchestration.rundir import RunDirLock, write_config
 from rise_nemo.orchestration.signals import StopFlag
-from rise_nemo.orchestration.step import MethodSpec, StepContext, train_step
+from rise_nemo.orchestration.step import PROGRESS_KEYS, make_schedule  # noqa: F401 (re-exported)
 from rise_nemo.stopping import StopInterrupted
 
 log = logging.getLogger("rise_nemo.train")
@@ -62,31 +64,8 @@ def reproducible_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     """``metrics`` without the process-dependent keys (what a resumed run reproduces exactly)."""
     return {k: v for k, v in metrics.items() if not k.startswith(TIMING_PREFIX)
             and (not k.startswith(JUDGE_COUNTER_PREFIX) or k in STEP_JUDGE_KEYS)}
-PROGRESS_KEYS = (("reward/natural_mean", "r_nat"), ("reward/privileged_mean", "r_priv"),
-                 ("guidance/delta_r", "dr"), ("guidance/lambda", "lam"), ("guidance/retained", "kept"))
-REASONING_PROGRESS_KEYS = (("reward/mean", "r"), ("critic/explained_variance", "ev"), ("loss/pg", "pg"))
-
-
-def reasoning_progress_keys(method: Any) -> tuple[tuple[str, str], ...]:
-    """What the progress bar shows for a reasoning method: only what it logs (SFT: its NLL; no critic: no
-    explained variance), never a column that stays '-'."""
-    if method.reward == "sft":
-        return (("sft/nll", "nll"),)
-    return tuple(k for k in REASONING_PROGRESS_KEYS if method.critic or not k[0].startswith("critic/"))
-
-
 def resolve_run_dir(cfg: Any) -> Path:
     return Path(cfg.run.dir) if cfg.run.dir else Path("runs") / str(cfg.run.name)
-
-
-def make_schedule(cfg: Any) -> GuidanceSchedule:
-    """eq. 13's schedule from ``rise.schedule`` (mode fixed / auto / never)."""
-    s = cfg.rise.schedule
-    return GuidanceSchedule(
-        lambda0=float(cfg.rise.lambda_guide), mode=str(s.mode), s_switch=int(s.switch_step), ema=float(s.ema),
-        tol=float(s.tolerance), patience=int(s.patience), min_steps=int(s.min_steps),
-        floor=None if s.floor is None else float(s.floor),
-    )
 
 
 class Trainer:
@@ -110,8 +89,9 @@ class Trainer:
         ``lock``: the run directory's lock if the caller already holds it (``build_trainer``); released at
         the end of ``run``. ``config_changes``: accepted differences from the run's earlier config (logged).
 
-        Reasoning methods (rise_nemo.methods family "reasoning") take ``verifier`` instead of ``judge``,
-        ``critic`` when the method trains one, and the task's ``step_accuracy`` checker for evaluation."""
+        Methods scored by a verifier (rise_nemo.methods ``Method.verifier``) take ``verifier`` (``judge``: ExpRL's
+        reference judge or None), ``critic`` when the method trains one, and the task's ``step_accuracy``
+        checker for evaluation."""
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir is not None else resolve_run_dir(cfg)
         self.policy, self.generator, self.judge = policy, generator, judge
@@ -121,24 +101,15 @@ class Trainer:
                                      bool(cfg.data.shuffle))
         self.method = get_method(str(cfg.method))
         self.critic, self.verifier, self.step_accuracy = critic, verifier, step_accuracy
-        if self.method.family == "reasoning":
-            if verifier is None:
-                raise ValueError(f"method {self.method.name!r} needs a verifier")
-            # ExpRL methods: ``judge`` is the reference judge (rise_nemo.judges.reference); its counters go
-            # to metrics.jsonl like the rubric judge's.
-            self.ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier,
-                                        method=self.method, critic=critic, pad_id=_pad_id(generator),
-                                        rng=random.Random(int(cfg.run.seed)),
-                                        samples_per_step=int(cfg.train.log_samples), reference_judge=judge,
-                                        hooks=make_step_hooks(cfg, self.method.name, len(train_prompts)))
-            self._train_step, self._progress_keys = reasoning_train_step, reasoning_progress_keys(self.method)
-        else:
-            self.ctx = StepContext(
-                cfg=cfg, policy=policy, generator=generator, judge=judge, schedule=make_schedule(cfg),
-                rng=random.Random(int(cfg.run.seed)), spec=MethodSpec.from_config(str(cfg.method)),
-                total_steps=self.steps, pad_id=_pad_id(generator), samples_per_step=int(cfg.train.log_samples),
-            )
-            self._train_step, self._progress_keys = train_step, PROGRESS_KEYS
+        # The method's registered training step builds its context (rise_nemo.methods.StepState): the step's
+        # inputs and the method's own checkpointed state (RISE's schedule and gate, RRL's replay buffer).
+        self._step_kind = self.method.training_step()
+        self.ctx = self._step_kind.build_context(self.method, RunParts(
+            cfg=cfg, policy=policy, generator=generator, judge=judge, verifier=verifier, critic=critic,
+            step_accuracy=step_accuracy, n_train_problems=len(train_prompts), total_steps=self.steps,
+            pad_id=_pad_id(generator), rng=random.Random(int(cfg.run.seed)),
+            samples_per_step=int(cfg.train.log_samples)))
+        self._train_step, self._progress_keys = self._step_kind.train_step, self._step_kind.progress_keys(self.method)
         self.lock = lock
         self.config_changes = list(config_changes)
         self.step = 0
@@ -258,11 +229,7 @@ class Trainer:
                 "step_rng": self.ctx.rng.getstate(),
             },
             "data": self.sampler.state_dict(),
-            "schedule": self._schedule.state_dict() if self._schedule is not None else None,
-            # adaptive guidance gating (RISE only)
-            "gate": self.ctx.gate.state_dict() if getattr(self.ctx, "gate", None) is not None else None,
-            # reasoning-step hooks (RRL: replay buffer + value-loss stabilisation)
-            "hooks": self.ctx.hooks.state_dict() if getattr(self.ctx, "hooks", None) is not None else None,
+            **self.ctx.state_dict(),  # the method's own state (rubric: schedule, gate; reasoning: hooks)
             "method": str(self.cfg.method),
         }
 
@@ -294,12 +261,7 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.ctx.rng.setstate(rng["step_rng"])
         self.sampler.load_state_dict(state["data"])
-        if self._schedule is not None:
-            self._schedule.load_state_dict(state["schedule"])
-        if getattr(self.ctx, "gate", None) is not None and state.get("gate") is not None:
-            self.ctx.gate.load_state_dict(state["gate"])
-        if getattr(self.ctx, "hooks", None) is not None:
-            self.ctx.hooks.load_state_dict(state.get("hooks"))
+        self.ctx.load_state_dict(state)
         dropped = truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
         truncate_metrics(self.run_dir / "samples.jsonl", self.step)
         restarts = os.environ.get("SLURM_RESTART_COUNT")
@@ -318,34 +280,11 @@ class Trainer:
         every = int(self.cfg.train.checkpoint_every)
         return step == self.steps or (every > 0 and step % every == 0)
 
-    @property
-    def _schedule(self) -> Any:
-        """RISE's guidance schedule (None for reasoning methods)."""
-        return getattr(self.ctx, "schedule", None)
-
     def run_eval(self, step: int) -> dict[str, Any]:
-        if self.method.family == "reasoning":
-            return self._run_reasoning_eval(step)
-        result = evaluate(self.cfg, self.generator, self.judge, self.eval_prompts, step)
-        out = self.run_dir / "eval" / f"step_{step:06d}.json"
-        out.parent.mkdir(exist_ok=True)
-        tmp = out.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, out)
-        log.info("eval step %d: reward %s, persistent coverage %s, negative rate %s", step,
-                 _fmt(result["reward_mean"]), _fmt(result["persistent_coverage"]),
-                 _fmt(result["negative_rate"]))
-        for sink in self._sinks:
-            sink.log({f"eval/{k}": v for k, v in result.items() if isinstance(v, int | float)}, step)
-        return result
-
-    def _run_reasoning_eval(self, step: int) -> dict[str, Any]:
-        result = evaluate_reasoning(self.generator, self.verifier, self.eval_prompts,
-                                    int(self.cfg.eval.samples_per_prompt), eval_sampling_params(self.cfg, step), step,
-                                    step_accuracy=self.step_accuracy)
+        """The method's evaluation (its training step's ``evaluate``) -> eval/step_XXXXXX.json, log, sinks."""
+        result, fields = self._step_kind.evaluate(self.ctx, self.eval_prompts, step)
         self._write_eval(step, result)
-        log.info("eval step %d: pass@1 %s, mean length %.1f", step, _fmt(result["pass_at_1"]),
-                 result["response_length"])
+        log.info("eval step %d: %s", step, ", ".join(f"{k} {_fmt(v)}" for k, v in fields.items()))
         return result
 
     def _write_eval(self, step: int, result: dict[str, Any]) -> None:
@@ -406,14 +345,9 @@ class Trainer:
     def _write_summary(self) -> None:
         evals = sorted((self.run_dir / "eval").glob("step_*.json")) if (self.run_dir / "eval").is_dir() else []
         last = json.loads(evals[-1].read_text()) if evals else None
-        switch_step = getattr(self._schedule, "switch_step", None)
-        spec = getattr(self.ctx, "spec", None)
-        switched = bool(spec and spec.guidance) and switch_step is not None and self.step >= switch_step
         summary = {
             "method": str(self.cfg.method), "seed": int(self.cfg.run.seed), "steps": self.step,
-            # Only a guidance switch that happened is reported (a fixed schedule past the last step is not).
-            "switch_reason": getattr(self._schedule, "switch_reason", None) if switched else None,
-            "switch_step": switch_step if switched else None,
+            **self.ctx.summary(self.step),  # switch_reason, switch_step: a guidance switch that happened
             "final_eval": {k: v for k, v in (last or {}).items() if k not in ("criteria", "samples")},
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

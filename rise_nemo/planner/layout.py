@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rise_nemo.methods import DEFAULT_METHOD, METHODS
 from rise_nemo.planner.critic import value_config
 from rise_nemo.planner.models import ModelShape
 from rise_nemo.recipe_keys import RecipeKeyError, get
@@ -167,11 +168,14 @@ def padding_note(tree: Mapping[str, Any]) -> str | None:
     if gbs is None or most is None or gbs <= most:
         return None
     return (f"nemo.policy.train_global_batch_size {gbs} is more than the {most} training rows a step of method "
-            f"{get(tree, 'method', 'rise')!r} can have: every step is padded with {gbs - most} masked rows "
+            f"{get(tree, 'method', DEFAULT_METHOD)!r} can have: every step is padded with {gbs - most} masked rows "
             f"(set it to {most})")
 
 
-GUIDED_METHODS = ("rise", "uniform", "coupled")  # methods whose steps add privileged rows to the train batch
+def _guided(name: str) -> bool:
+    """Whether the method's steps add privileged rows to the train batch (rise_nemo.methods ``guidance``)."""
+    method = METHODS.get(name)
+    return method is not None and method.guidance
 
 
 def max_train_rows(tree: Mapping[str, Any]) -> int | None:
@@ -180,7 +184,7 @@ def max_train_rows(tree: Mapping[str, Any]) -> int | None:
         return None
     group = get(tree, "grpo.group_size", 8, int)
     rows = get(tree, "grpo.prompts_per_step", 8, int) * group
-    if str(get(tree, "method", "rise")) in GUIDED_METHODS:
+    if _guided(str(get(tree, "method", DEFAULT_METHOD))):
         rows += get(tree, "grpo.prompts_per_step", 8, int) * (get(tree, "rise.privileged_group_size", None, int) or group)
     return rows
 

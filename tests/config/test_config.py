@@ -88,7 +88,7 @@ def test_unknown_top_level_block(tmp_path):
     [
         ({"grpo": {"group_size": "eight"}}, r"'grpo\.group_size': expected an integer"),
         ({"grpo": {"group_size": 1}}, r"'grpo\.group_size': must be >= 2"),
-        ({"method": "dpo"}, r"'method': expected one of"),
+        ({"method": "dpo"}, r"'method': must be one of"),
         ({"train": {"progress": "yes"}}, r"'train\.progress': expected true/false"),
         ({"rise": {"schedule": {"mode": "sometimes"}}}, r"'rise\.schedule\.mode'"),
         ({"grpo": 3}, r"'grpo' must be a mapping"),

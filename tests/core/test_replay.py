@@ -63,7 +63,7 @@ def test_least_explored_first_and_deterministic_under_a_seed():
         assert sorted(picks[5 * r : 5 * r + 5]) == [(s,) for s in range(5)]
     assert all(s.counter == 3 for s in buf.get("q"))
     assert any(run(seed)[0] != picks for seed in range(8, 12))  # ties are broken by the rng, not by position
-    assert ReplayBuffer().select("nothing", random.Random(0)) is None
+    assert ReplayBuffer(capacity=5).select("nothing", random.Random(0)) is None
 
 
 def test_removal_on_success_and_state_dict_round_trip():
@@ -73,7 +73,7 @@ def test_removal_on_success_and_state_dict_round_trip():
     buf.add("b", [4])
     buf.select("a", random.Random(0))
     state = json.loads(json.dumps(buf.state_dict()))  # JSON-able
-    other = ReplayBuffer()
+    other = ReplayBuffer(capacity=5)
     other.load_state_dict(state)
     assert other.state_dict() == buf.state_dict()
     assert other.remove("a", [1, 2]) and not other.remove("a", [1, 2])
@@ -123,8 +123,8 @@ def test_value_stabilisation_rule_and_fallback():
     noisy = ValueStabilisation(window=3, tolerance=0.01, max_steps=4, ema=0.0)
     assert [noisy.update(v) for v in (1.0, 3.0, 1.0, 3.0)] == [False, False, False, True]
     assert noisy.reason == "max_steps=4"
-    assert ValueStabilisation(max_steps=0).stable
-    skip = ValueStabilisation(window=1, tolerance=0.0, max_steps=2)
+    assert ValueStabilisation(window=3, tolerance=0.1, max_steps=0, ema=0.7).stable
+    skip = ValueStabilisation(window=1, tolerance=0.0, max_steps=2, ema=0.7)
     assert not skip.update(None) and skip.updates == 0  # a step without a critic update does not count
     copy = ValueStabilisation(window=2, tolerance=0.05, max_steps=50, ema=0.5)
     copy.load_state_dict(json.loads(json.dumps(stab.state_dict())))

@@ -5,7 +5,15 @@ import logging
 
 import pytest
 
-from rise_nemo.core.schedule import GuidanceSchedule
+from rise_nemo.core.schedule import GuidanceSchedule as _GuidanceSchedule
+
+# GuidanceSchedule takes every parameter (the recipe schema's ScheduleCfg holds the defaults); these tests
+# state the ones they do not vary.
+UNVARIED = {"s_switch": None, "ema": 0.9, "tol": 0.01, "patience": 10, "min_steps": 20, "floor": None}
+
+
+def GuidanceSchedule(lambda0, **kw):  # noqa: N802 (the class, with UNVARIED filled in)
+    return _GuidanceSchedule(lambda0, **{**UNVARIED, **kw})
 
 
 def test_fixed_switch():

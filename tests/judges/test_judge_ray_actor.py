@@ -46,7 +46,7 @@ def test_actor_build_errors_surface(ray_session, server, monkeypatch):
     monkeypatch.delenv("RISE_TEST_MISSING_KEY", raising=False)
     with pytest.raises(Exception, match="RISE_TEST_MISSING_KEY"):
         RayJudge(BUILDER, {**_cfg(server.url, api_key_env="RISE_TEST_MISSING_KEY"), "ray_actor": False},
-                 num_cpus=0.25, start_timeout_s=WAIT_S)
+                 num_cpus=0.25, timeout_s=WAIT_S, start_timeout_s=WAIT_S)
 
 
 def test_judge_actor_plain_class(server):

@@ -151,7 +151,7 @@ def test_sft_step_on_the_nemo_backend_pieces():
     ctx = ReasoningContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
                            method=get_method("sft"), critic=None, pad_id=tok.pad_token_id)
     before = policy.model.table.detach().clone()
-    metrics = reasoning_train_step(ctx, problems, 1)
+    metrics = ctx.method.training_step().train_step(ctx, problems, 1)  # the SFT step (no sampling)
     assert policy.train_calls[0]["input_ids"].shape[0] == 32 and events.count("policy.get_logprobs") == 0
     assert torch.isfinite(policy.model.table).all() and not torch.equal(policy.model.table, before)
     assert metrics["sft/nll"] > 0 and torch.isfinite(torch.tensor(metrics["sft/nll"]))

@@ -135,7 +135,7 @@ def test_process_advantages_match_the_formula_for_a_known_rollout(trainer_for):
     ids = gen.encode_response(p.reference_solution.replace(" = ", " = 1", 1))  # first result wrong
     r = Rollout(list(p.messages), gen.encode_prompt(list(p.messages)), ids, gen.decode_response(ids), [0.0] * len(ids))
     trunc = Rollout(list(p.messages), r.prompt_token_ids, ids[:3], gen.decode_response(ids[:3]), [0.0] * 3, finished=False)
-    scored = exprl.reference_scores(ctx, [p], [[r, trunc]])
+    scored = ctx.score([p], [[r, trunc]])
     spans, texts = exprl.rollout_segments(find_tokenizer(gen), r, "step")
     assert len(spans) == p.difficulty and texts[0].startswith("step a")
     from rise_nemo.data.chain_task import reference_segment_scores
@@ -158,7 +158,7 @@ def test_outcome_unknown_is_excluded_from_group_statistics_and_truncated_scores_
     good = gen.encode_response(p.reference_solution)
     mk = lambda ids, fin=True: Rollout(list(p.messages), gen.encode_prompt(list(p.messages)), ids,  # noqa: E731
                                        gen.decode_response(ids), [0.0] * len(ids), finished=fin)
-    scored = exprl.reference_scores(ctx, [p], [[mk(good), mk(good), mk(good[:2], False)]])
+    scored = ctx.score([p], [[mk(good), mk(good), mk(good[:2], False)]])
     assert scored.valid.tolist() == [[True, False, True]]
     assert scored.rewards[0, 0] == 1.0 and scored.rewards[0, 2] == 0.0
     assert len(ctx.reference_judge.seen) == 2  # the truncated rollout never reaches the judge
@@ -183,7 +183,7 @@ def test_truncated_rollouts_follow_one_rule_in_both_modes(trainer_for, method, r
     ids = gen.encode_response(p.reference_solution.split(" answer ")[0])  # every step right, no answer: 2..4
     mk = lambda toks, fin: Rollout(list(p.messages), gen.encode_prompt(list(p.messages)), toks,  # noqa: E731
                                    gen.decode_response(toks), [0.0] * len(toks), finished=fin)
-    scored = exprl.reference_scores(ctx, [p], [[mk(ids, True), mk(ids[:-1], False)]])  # the same text, no EOS
+    scored = ctx.score([p], [[mk(ids, True), mk(ids[:-1], False)]])  # the same text, no EOS
     assert scored.valid.tolist() == [[True, True]] and scored.metrics["exprl/truncated"] == 1
     assert len(ctx.reference_judge.seen) == (2 if rule == "judge" else 1)
     assert 0 < float(scored.rewards[0, 0]) < 1
@@ -204,7 +204,7 @@ def test_the_policy_never_sees_the_reference(trainer_for, method):
     if method.startswith("exprl"):
         ctx.reference_judge = judge
     problems = t.sampler.next_batch()
-    reasoning_train_step(ctx, problems, 1)
+    t._train_step(ctx, problems, 1)  # the method's registered step (SFT: no sampling)
     sampled = ctx.generator.prompts
     if method == "sft":
         assert sampled == []  # SFT does not sample
@@ -231,7 +231,7 @@ def test_self_distillation_teacher_is_the_policy_with_the_reference_in_context(t
 def test_sft_step_lowers_the_reference_nll(trainer_for):
     t = trainer_for("sft")
     problems = t.sampler.next_batch()
-    losses = [reasoning_train_step(t.ctx, problems, k)["sft/nll"] for k in range(1, 6)]
+    losses = [t.ctx.method.training_step().train_step(t.ctx, problems, k)["sft/nll"] for k in range(1, 6)]
     assert losses[-1] < losses[0]
 
 

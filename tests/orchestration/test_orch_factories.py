@@ -56,10 +56,10 @@ def test_loop_with_the_http_judge_on_loopback(tmp_path, make_trainer):
 
 
 def test_opd_recipes_validate_but_point_train_to_the_distillation_entry():
-    from rise_nemo.orchestration.step import MethodSpec
+    from rise_nemo.methods import get_method
 
     config_from_dict({"method": "opd"})  # a valid method in the schema (the OPD recipes use it)
     with pytest.raises(ValueError, match=r"rise-nemo distill"):
-        MethodSpec.from_config("opd")
+        get_method("opd").training_step()
     with pytest.raises(ValueError, match="unknown method 'opdd'"):
-        MethodSpec.from_config("opdd")
+        get_method("opdd")

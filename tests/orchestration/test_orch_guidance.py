@@ -12,7 +12,6 @@ from test_orch_loop import KIND_GUIDED, record
 from test_orch_resume import _evals, _reproducible
 
 from rise_nemo.config import config_from_dict
-from rise_nemo.core.guidance import GuidanceOptions
 from rise_nemo.orchestration.step import guidance_options
 from rise_nemo.orchestration.trainer import read_metrics
 
@@ -25,10 +24,12 @@ def test_paper_faithful_turns_every_extension_off(tmp_path, tiny_tokenizer):
     cfg = config_from_dict(tiny_task.recipe(tiny_tokenizer, tmp_path), ALL_ON)
     assert guidance_options(cfg).gate and guidance_options(cfg).no_regression == "hard"
     paper = config_from_dict(tiny_task.recipe(tiny_tokenizer, tmp_path), [*ALL_ON, "rise.paper_faithful=true"])
-    assert guidance_options(paper) == GuidanceOptions.paper()
+    off = guidance_options(paper)
+    assert off == guidance_options(cfg).paper()
+    assert off.no_regression == "none" and not off.mask_penalised_spans and not off.gate and off.max_length_ratio is None
     # The project's default: the paper plus penalised-span masks, the one option the bench showed to help.
     default = guidance_options(config_from_dict(tiny_task.recipe(tiny_tokenizer, tmp_path), []))
-    assert default == replace(GuidanceOptions.paper(), mask_penalised_spans=True)
+    assert default == replace(default.paper(), mask_penalised_spans=True)
 
 
 def test_masked_spans_reach_the_guide_rows_and_every_rule_is_logged(tmp_path, make_trainer):

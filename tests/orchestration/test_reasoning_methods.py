@@ -109,15 +109,14 @@ def test_samples_record_the_given_and_sampled_split_of_replayed_prefixes(tmp_pat
     assert [r["step"] for r in ctx.last_samples] == [2, 2, 2]
 
 
-def test_ppo_needs_a_critic_and_rubric_steps_reject_reasoning_methods():
-    from rise_nemo.methods import get_method
+def test_ppo_needs_a_critic_and_a_verifier():
+    from rise_nemo.methods import RunParts, get_method
     from rise_nemo.orchestration.reasoning_step import ReasoningContext
-    from rise_nemo.orchestration.step import MethodSpec
 
     with pytest.raises(ValueError, match="needs a critic"):
         ReasoningContext(cfg=None, policy=None, generator=None, verifier=None, method=get_method("ppo"))
-    with pytest.raises(ValueError, match="reasoning method"):
-        MethodSpec.from_config("ppo")
+    with pytest.raises(ValueError, match="needs a verifier"):
+        get_method("ppo").training_step().build_context(get_method("ppo"), RunParts(None, None, None, None))
 
 
 def test_eval_command_and_report_on_a_reasoning_run(tmp_path, capsys):

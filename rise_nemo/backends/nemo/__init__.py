@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rise_nemo.backends.nemo.config import (
+    NEMO_DISTILLATION,
     NemoConfigError,
     algorithm,
     build_master_config,
@@ -163,7 +164,7 @@ def build_backend(cfg: Any, *, checkpoint: str | Path | None = None, train_promp
     recipe = plain_recipe(cfg)
     check_recipe(recipe)
     checkpoint = Path(checkpoint) if checkpoint is not None else None
-    if algorithm(recipe) == "distillation":
+    if algorithm(recipe) == NEMO_DISTILLATION:
         return build_student(recipe, checkpoint)
     grpo = _import_nemo_rl()
     from nemo_rl.algorithms.utils import get_tokenizer

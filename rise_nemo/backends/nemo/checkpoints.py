@@ -83,9 +83,9 @@ NEMO_RL_LAYOUT = CheckpointLayout(
 def checkpoint_layout(recipe: Mapping[str, Any]) -> CheckpointLayout | None:
     """Where this recipe's runs keep their policy checkpoints when NeMo-RL's loop writes them (distillation:
     NeMo-RL's manager); None when rise_nemo's own loop does (rise_nemo.orchestration.checkpoint)."""
-    from rise_nemo.backends.nemo.config import algorithm
+    from rise_nemo.backends.nemo.config import NEMO_DISTILLATION, algorithm
 
-    return NEMO_RL_LAYOUT if algorithm(recipe) == "distillation" else None
+    return NEMO_RL_LAYOUT if algorithm(recipe) == NEMO_DISTILLATION else None
 
 
 def model_dir(checkpoint: str | Path | None, name: str) -> Path | None:

@@ -29,7 +29,9 @@ from typing import Any
 from rise_nemo.recipe_keys import RecipeKeyError, get
 
 OUR_KEYS = ("base", "adapter", "plan", "algorithm")
-ALGORITHMS = ("grpo", "distillation")
+# NeMo-RL's entry points (``nemo.algorithm``): its GRPO loop (every RL method here) or its distillation loop (opd).
+NEMO_GRPO, NEMO_DISTILLATION = "grpo", "distillation"
+ALGORITHMS = (NEMO_GRPO, NEMO_DISTILLATION)
 IS_MODES = ("none", "behaviour_ratio")
 DEFAULT_NEMO_RL_DIR = "/opt/nemo-rl"  # where the NeMo-RL container keeps its checkout
 
@@ -74,7 +76,7 @@ def _set(tree: dict, dotted: str, value: Any) -> None:
 
 
 def algorithm(recipe: Mapping[str, Any]) -> str:
-    return str(get(recipe, "nemo.algorithm", "grpo"))
+    return str(get(recipe, "nemo.algorithm", NEMO_GRPO))
 
 
 def validate_nemo_block(recipe: Mapping[str, Any]) -> None:
@@ -102,9 +104,9 @@ def validate_nemo_block(recipe: Mapping[str, Any]) -> None:
             get(recipe, key)
     except RecipeKeyError as exc:
         raise NemoConfigError(str(exc)) from exc
-    if algo == "grpo" and get(recipe, "nemo.policy.generation.backend", "vllm") != "vllm":
+    if algo == NEMO_GRPO and get(recipe, "nemo.policy.generation.backend", "vllm") != "vllm":
         raise NemoConfigError("recipe key nemo.policy.generation.backend: the nemo backend generates with vllm only")
-    if algo == "grpo" and bool(get(recipe, "nemo.policy.generation.vllm_cfg.async_engine", False)):
+    if algo == NEMO_GRPO and bool(get(recipe, "nemo.policy.generation.vllm_cfg.async_engine", False)):
         # With async_engine NeMo-RL builds VllmAsyncGenerationWorker (vllm_generation.py:188-189), which never
         # sets self.llm, so the synchronous VllmGeneration.generate the nemo backend calls asserts in the
         # worker (vllm_worker.py:681 "Attempting to generate with either an uninitialized vLLM ...").
@@ -115,7 +117,7 @@ def validate_nemo_block(recipe: Mapping[str, Any]) -> None:
         # to the refit; the nemo backend's step does not do that yet.
         raise NemoConfigError("recipe key nemo.policy.generation.vllm_cfg.kv_cache_dtype: fp8 KV cache is not "
                               "supported by the nemo backend yet; use auto")
-    if algo == "distillation" and get(recipe, "nemo.teacher", None) is None:
+    if algo == NEMO_DISTILLATION and get(recipe, "nemo.teacher", None) is None:
         raise NemoConfigError("recipe key nemo.teacher is missing (distillation needs a teacher policy)")
 
 
@@ -130,7 +132,7 @@ def derived_values(recipe: Mapping[str, Any], run_dir: str) -> dict[str, Any]:
         # rise_nemo checkpoints into <run>/checkpoints itself; NeMo-RL's manager must not find them.
         "checkpointing.checkpoint_dir": str(Path(run_dir) / "nemo_rl_checkpoints"),
     }
-    if algorithm(recipe) == "grpo":
+    if algorithm(recipe) == NEMO_GRPO:
         out.update({
             "grpo.num_prompts_per_step": int(get(recipe, "grpo.prompts_per_step")),
             "grpo.num_generations_per_prompt": int(get(recipe, "grpo.group_size")),
@@ -161,7 +163,7 @@ def checkpointing_values(recipe: Mapping[str, Any]) -> dict[str, Any]:
     when ``(step + 1) % save_period == 0`` or at the last step (algorithms/distillation.py:950-961), and
     keeps the newest ``keep_top_k`` when ``metric_name`` is None (utils/checkpoint.py remove_old_checkpoints).
     """
-    if algorithm(recipe) != "distillation":
+    if algorithm(recipe) != NEMO_DISTILLATION:
         return {"checkpointing.enabled": False}
     every = int(get(recipe, "train.checkpoint_every", 10))
     keep = int(get(recipe, "train.keep_checkpoints", 2))

@@ -32,14 +32,14 @@ from rise_nemo.backends.nemo import (
     run_dir_of,
 )
 from rise_nemo.backends.nemo.checkpoints import latest_nemo_rl_checkpoint, nemo_rl_step
-from rise_nemo.backends.nemo.config import algorithm, build_master_config
+from rise_nemo.backends.nemo.config import NEMO_DISTILLATION, algorithm, build_master_config
 
 
 def distillation_recipe(cfg: Any) -> dict[str, Any]:
     """The plain recipe of a validated OPD config (``NemoConfigError`` unless ``nemo.algorithm: distillation``)."""
     recipe = plain_recipe(cfg)
     check_recipe(recipe)
-    if algorithm(recipe) != "distillation":
+    if algorithm(recipe) != NEMO_DISTILLATION:
         raise NemoConfigError("nemo.algorithm must be 'distillation' for `rise-nemo distill`")
     return recipe
 
