@@ -30,3 +30,13 @@ def test_overrides_after_a_greedy_option_are_overrides_not_choices():
 def test_a_bad_choice_is_still_an_argparse_error():
     with pytest.raises(SystemExit):
         parse_with_overrides(_parser(), ["--variants", "ppo", "nope"])
+
+
+def test_trl_parity_cli_quick_and_bad_pairs():
+    from bench.trl_parity import parse_args
+
+    args = parse_args(["--quick", "grpo.temperature=1.0"])
+    assert args.pairs == 1 and args.overrides == ["grpo.temperature=1.0"]
+    assert parse_args(["--pairs", "3"]).pairs == 3
+    with pytest.raises(SystemExit):
+        parse_args(["--pairs", "0"])
