@@ -22,7 +22,7 @@ the rest of TRL's step is loss + backward + optimizer.
 Ends with exactly one line
     RESULT step_ratio=<median ours/TRL step time over the timed pairs> rss_ratio=<ours/TRL peak RSS> pairs=<n>
 
-Usage: python bench/trl_parity.py [--pairs 4] [--quick] [--out DIR] [key=value recipe overrides for ours]
+Usage: python bench/trl_parity.py [--pairs 12] [--quick] [--out DIR] [key=value recipe overrides for ours]
 Needs the bench extra: pip install -e '.[local,bench]'.
 """
 
@@ -49,7 +49,7 @@ MARK = "@@trl_parity "  # a worker's messages to the driver (libraries print to 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pairs", type=int, default=4, help="timed interleaved (ours, TRL) step pairs, after one "
+    p.add_argument("--pairs", type=int, default=12, help="timed interleaved (ours, TRL) step pairs, after one "
                    "untimed warm-up pair (one-off costs: allocator warm-up, TRL's lazy set-up)")
     p.add_argument("--quick", action="store_true", help="1 timed pair (a smoke run of the whole path)")
     p.add_argument("--out", default="/tmp/rise_bench_trl_parity")
