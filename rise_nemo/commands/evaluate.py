@@ -21,6 +21,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 HELP = ("Guidance-free evaluation on held-out prompts: mean reward, persistent coverage, negative rate; "
         "--suite NAME MODEL: a benchmark suite")
@@ -84,33 +85,19 @@ def run(args: argparse.Namespace) -> int:
     env_sources: dict[str, str] = {}
     cfg = load_config(config, args.overrides, env_sources=env_sources)
 
-    from rise_nemo.orchestration.checkpoint import checkpoint_layout, resolve_checkpoint
-    from rise_nemo.orchestration.data import load_prompts_checked, warm_start_policy
     from rise_nemo.orchestration.evaluate import evaluate
-    from rise_nemo.orchestration.run import build_checked_judge, check_backend
+    from rise_nemo.orchestration.run import build_checked_judge, load_eval_model
 
-    # Everything a user can get wrong is checked before the backend is built.
-    layout = checkpoint_layout(cfg)
-    path = resolve_checkpoint(run_dir, args.checkpoint, layout) if run_dir is not None else None
-    train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
-    if not eval_prompts:
-        raise UserError("the recipe has no held-out prompts (data.eval_path)")
-    check_backend(cfg)
-    # Reasoning tasks are scored by their verifier: no judge to build or probe.
-    judge = None if cfg.data.source in REASONING_SOURCES else build_checked_judge(cfg)
-    from rise_nemo.backends import build_backend
+    def check_eval(eval_prompts: Any) -> Any:
+        if not eval_prompts:
+            raise UserError("the recipe has no held-out prompts (data.eval_path)")
+        # Reasoning tasks are scored by their verifier: no judge to build or probe.
+        return None if cfg.data.source in REASONING_SOURCES else build_checked_judge(cfg)
 
-    # A backend that loads weights only when its model is built (nemo) is built from this checkpoint.
-    policy, generator = build_backend(cfg, checkpoint=path, train_prompts=train_prompts)
-    step = 0
-    if run_dir is not None:
-        if path is None:
-            print(f"rise-nemo eval: {run_dir} has no complete checkpoint; evaluating the initial policy",
-                  file=sys.stderr)
-        else:
-            step = layout.load(path, policy)
-    if step == 0:  # the recipe's initial policy: on the persistent task that is the warm-started model
-        warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
+    model = load_eval_model(cfg, run_dir, args.checkpoint, env_sources, before_build=check_eval)
+    if run_dir is not None and model.checkpoint is None:
+        print(f"rise-nemo eval: {run_dir} has no complete checkpoint; evaluating the initial policy", file=sys.stderr)
+    generator, judge, eval_prompts, step = model.generator, model.checked, model.eval_prompts, model.step
     if cfg.data.source in REASONING_SOURCES:
         result, text = _reasoning_eval(cfg, generator, eval_prompts, step)
     else:

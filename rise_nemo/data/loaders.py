@@ -27,7 +27,8 @@ from typing import Any, NamedTuple
 
 from rise_nemo.core.rubric import Criterion, MachineCheck, Rubric, RubricError, RubricPrompt
 
-__all__ = ["load_rubric_prompts", "LoadedPrompts", "Skipped", "FORMATS", "parse_record", "read_records"]
+__all__ = ["load_rubric_prompts", "LoadedPrompts", "Skipped", "FORMATS", "parse_record", "read_records", "iter_jsonl",
+           "iter_parquet"]
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,10 @@ def _decode_json(text: str) -> Any:
     return obj
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any | RubricError]]:
-    """(line number, parsed object or the RubricError describing why the line cannot be used)."""
+def iter_jsonl(path: Path) -> Iterator[tuple[int, Any | RubricError]]:
+    """(line number, parsed object or the RubricError describing why the line cannot be used); blank lines
+    skipped. Lines end at "\\n" only (some benchmark prompts hold U+2028 / U+2029). The one JSONL reader of
+    the project (the evals read through it too: rise_nemo.evals.base.read_jsonl_rows)."""
     with path.open("rb") as fh:  # bytes: one undecodable line must not end the whole file
         for lineno, raw in enumerate(fh, start=1):
             try:
@@ -350,7 +353,7 @@ def read_records(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} data file not found: {path}")
-    rows = iter_parquet(path) if path.suffix == ".parquet" else _iter_jsonl(path)
+    rows = iter_parquet(path) if path.suffix == ".parquet" else iter_jsonl(path)
     items: list[Any] = []
     skipped: list[Skipped] = []
     seen: dict[str, str] = {}

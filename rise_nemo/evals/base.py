@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from rise_nemo.core.metrics import pass_at_k
+from rise_nemo.core.rubric import RubricError
+from rise_nemo.data.loaders import iter_jsonl, iter_parquet
 from rise_nemo.errors import UserError
 
 __all__ = ["EvalItem", "ScoreContext", "SuiteResult", "Suite", "read_responses", "score_line",
@@ -169,24 +171,17 @@ class PairwiseSuite(Suite):
 
 
 def read_jsonl_rows(path: Path) -> list[tuple[str, Any]]:
-    """(``file:line``, parsed JSON) per non-empty line; a malformed line is a UserError naming file:line.
-    Lines are split on "\\n" only (some benchmark prompts hold U+2028 / U+2029)."""
+    """(``file:line``, parsed JSON) per non-empty line (rise_nemo.data.loaders.iter_jsonl); a line that cannot
+    be used is a UserError naming file:line."""
     try:
-        raw = path.read_bytes()
+        rows = []
+        for lineno, row in iter_jsonl(path):
+            if isinstance(row, RubricError):
+                raise UserError(str(row))
+            rows.append((f"{path}:{lineno}", row))
+        return rows
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    rows = []
-    for lineno, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            rows.append((where, json.loads(line.decode("utf-8"))))
-        except UnicodeDecodeError:
-            raise UserError(f"{where}: not UTF-8 text") from None
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
-    return rows
 
 
 def load_rows(path: str | Path) -> list[tuple[str, Mapping[str, Any]]]:
@@ -200,9 +195,6 @@ def load_rows(path: str | Path) -> list[tuple[str, Mapping[str, Any]]]:
         with path.open(newline="", encoding="utf-8") as fh:
             rows = [(f"{path}:{i + 2}", dict(r)) for i, r in enumerate(csv.DictReader(fh))]
     elif path.suffix == ".parquet":
-        from rise_nemo.core.rubric import RubricError
-        from rise_nemo.data.loaders import iter_parquet
-
         rows = []
         for rowno, row in iter_parquet(path):
             if isinstance(row, RubricError):

@@ -55,24 +55,14 @@ def load_generator(model: str, checkpoint: str | None, overrides: Sequence[str])
 
 
 def _run_dir_generator(run_dir: Path, checkpoint: str | None, overrides: Sequence[str]) -> tuple[Any, dict[str, Any]]:
-    from rise_nemo.backends import build_backend
     from rise_nemo.config import load_config
-    from rise_nemo.orchestration.checkpoint import checkpoint_layout, resolve_checkpoint
-    from rise_nemo.orchestration.data import load_prompts_checked
-    from rise_nemo.orchestration.run import check_backend
+    from rise_nemo.orchestration.run import load_eval_model
 
     env_sources: dict[str, str] = {}
     cfg = load_config(run_dir / "config.yaml", list(overrides), env_sources=env_sources)
-    layout = checkpoint_layout(cfg)
-    path = resolve_checkpoint(run_dir, checkpoint, layout)
-    # The recipe's training set, as `rise-nemo eval` and training hand it over: the nemo backend builds
-    # NeMo-RL's setup (dataloader included) from it before it can generate.
-    train_prompts, _ = load_prompts_checked(cfg, env_sources)
-    check_backend(cfg)
-    policy, generator = build_backend(cfg, checkpoint=path, train_prompts=train_prompts)
-    step = layout.load(path, policy) if path is not None else 0
-    return generator, {"model": str(run_dir), "backend": str(cfg.backend), "checkpoint": str(path) if path else None,
-                       "step": step}
+    model = load_eval_model(cfg, run_dir, checkpoint, env_sources)  # the same model `rise-nemo eval` evaluates
+    return model.generator, {"model": str(run_dir), "backend": str(cfg.backend),
+                             "checkpoint": str(model.checkpoint) if model.checkpoint else None, "step": model.step}
 
 
 def generate_responses(generator: Any, items: Sequence[EvalItem], samples: int, params: Any, out: Path,

@@ -9,7 +9,8 @@ point, the data files, the backend's config block and extras, the judge's config
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,40 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
             raise
     return Trainer(cfg, policy, generator, judge, train_prompts, eval_prompts, run_dir=run_dir,
                    stop_after=stop_after, lock=lock, config_changes=changes, **reasoning)
+
+
+@dataclass
+class EvalModel:
+    """The policy an evaluation samples from (``load_eval_model``)."""
+
+    policy: Any
+    generator: Any
+    step: int  # the checkpoint's step; 0 = the recipe's initial policy
+    checkpoint: Path | None  # the checkpoint loaded; None = the initial policy
+    train_prompts: Any
+    eval_prompts: Any
+    checked: Any = None  # what ``before_build`` returned (e.g. the probed judge)
+
+
+def load_eval_model(cfg: Any, run_dir: Path | None, checkpoint: str | None,
+                    env_sources: Mapping[str, str] | None = None,
+                    before_build: Callable[[Any], Any] | None = None) -> EvalModel:
+    """The model `rise-nemo eval` and `eval --suite` evaluate: ``run_dir``'s checkpoint (its latest, or the one
+    ``checkpoint`` names), else the recipe's initial policy (the warm-started model on the embedded tasks, as a
+    fresh training run starts). Everything a user can get wrong is checked before the backend is built:
+    checkpoint, data, backend, then ``before_build(eval_prompts)`` (the caller's own checks: a judge probe).
+    The backend gets the recipe's training set, as in training: the nemo backend builds NeMo-RL's setup
+    (dataloader included) from it, and a backend that loads weights only when its model is built (nemo) is
+    built from the checkpoint."""
+    layout = ckpt.checkpoint_layout(cfg)
+    path = ckpt.resolve_checkpoint(run_dir, checkpoint, layout) if run_dir is not None else None
+    train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
+    check_backend(cfg)
+    checked = before_build(eval_prompts) if before_build is not None else None
+    from rise_nemo.backends import build_backend
+
+    policy, generator = build_backend(cfg, checkpoint=path, train_prompts=train_prompts)
+    step = layout.load(path, policy) if path is not None else 0
+    if step == 0:
+        warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
+    return EvalModel(policy, generator, step, path, train_prompts, eval_prompts, checked)
