@@ -66,7 +66,7 @@ def main() -> int:
     from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools
     from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
     from rise_nemo.orchestration.reasoning_warm_start import evaluate_heldout, warm_started_backend
-    from rise_nemo.orchestration.trainer import _pad_id
+    from rise_nemo.orchestration.tokens import pad_id_of
 
     args = parse_args()
     recipes = REPO / "recipes"
@@ -84,7 +84,7 @@ def main() -> int:
         train_set, _ = load_prompts(cfg)
         verifier, _ = reasoning_tools(cfg)
         ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier,
-                               method=get_method(str(cfg.method)), pad_id=_pad_id(generator), reference_judge=judge)
+                               method=get_method(str(cfg.method)), pad_id=pad_id_of(generator), reference_judge=judge)
         sampler = PromptSampler(train_set, int(cfg.grpo.prompts_per_step), seed, True)
         return [reasoning_train_step(ctx, sampler.next_batch(), step) for step in range(1, steps + 1)]
 

@@ -79,7 +79,7 @@ def main() -> int:
     from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
     from rise_nemo.orchestration.reasoning_warm_start import evaluate_heldout, warm_started_backend
     from rise_nemo.orchestration.rrl import make_step_hooks
-    from rise_nemo.orchestration.trainer import _pad_id
+    from rise_nemo.orchestration.tokens import pad_id_of
 
     args = parse_args()
     if "ppo" not in args.variants or "rrl" not in args.variants:
@@ -118,7 +118,7 @@ def main() -> int:
                 print(json.dumps(rec), flush=True)
             method = get_method(str(cfg.method))
             ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier, method=method,
-                                   critic=build_critic(cfg, policy), pad_id=_pad_id(generator),
+                                   critic=build_critic(cfg, policy), pad_id=pad_id_of(generator),
                                    rng=random.Random(seed), hooks=make_step_hooks(cfg, method.name, len(train)))
             sampler = PromptSampler(train, int(cfg.grpo.prompts_per_step), seed, True)
             steps = []

@@ -61,7 +61,7 @@ def main() -> int:
         warm_start_properties,
         warm_started_backend,
     )
-    from rise_nemo.orchestration.trainer import _pad_id
+    from rise_nemo.orchestration.tokens import pad_id_of
 
     args = parse_args()
     recipes = REPO / "recipes"
@@ -104,7 +104,7 @@ def main() -> int:
             m = get_method(method)
             critic = build_critic(cfg, policy) if m.critic else None
             ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier, method=m,
-                                   critic=critic, pad_id=_pad_id(generator))
+                                   critic=critic, pad_id=pad_id_of(generator))
             sampler = PromptSampler(train, int(cfg.grpo.prompts_per_step), seed, True)
             t_run = time.perf_counter()
             rewards = []

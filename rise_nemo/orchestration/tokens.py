@@ -16,6 +16,16 @@ def find_tokenizer(generator: Any) -> Any:
                      "with it, RRL cuts reference states with it)")
 
 
+def pad_id_of(generator: Any) -> int:
+    """The tokenizer's pad id for the batches a step builds (padding is masked everywhere, so any id is
+    correct; 0 for a generator without a tokenizer, e.g. a test double)."""
+    try:
+        pad = getattr(find_tokenizer(generator), "pad_token_id", None)
+    except ValueError:
+        return 0
+    return pad if isinstance(pad, int) else 0
+
+
 def encode_response(generator: Any, text: str) -> list[int]:
     """Response text -> token ids ending with EOS, as a finished generation would be (reference solutions)."""
     if hasattr(generator, "encode_response"):

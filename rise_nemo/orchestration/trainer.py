@@ -48,6 +48,7 @@ from rise_nemo.orchestration.reasoning_step import REASONING_PROGRESS_KEYS  # no
 from rise_nemo.orchestration.rundir import RunDirLock, write_config
 from rise_nemo.orchestration.signals import StopFlag
 from rise_nemo.orchestration.step import PROGRESS_KEYS, make_schedule  # noqa: F401 (re-exported)
+from rise_nemo.orchestration.tokens import pad_id_of
 from rise_nemo.stopping import StopInterrupted
 
 log = logging.getLogger("rise_nemo.train")
@@ -107,7 +108,7 @@ class Trainer:
         self.ctx = self._step_kind.build_context(self.method, RunParts(
             cfg=cfg, policy=policy, generator=generator, judge=judge, verifier=verifier, critic=critic,
             step_accuracy=step_accuracy, n_train_problems=len(train_prompts), total_steps=self.steps,
-            pad_id=_pad_id(generator), rng=random.Random(int(cfg.run.seed)),
+            pad_id=pad_id_of(generator), rng=random.Random(int(cfg.run.seed)),
             samples_per_step=int(cfg.train.log_samples)))
         self._train_step, self._progress_keys = self._step_kind.train_step, self._step_kind.progress_keys(self.method)
         self.lock = lock
@@ -354,15 +355,6 @@ class Trainer:
 
 
 # ----------------------------------------------------------------------------------------------------------
-
-
-def _pad_id(generator: Any) -> int:
-    """The tokenizer's pad id when the backend exposes it (padding is masked anyway; 0 otherwise)."""
-    for owner in (generator, getattr(generator, "engine", None)):
-        pad = getattr(owner, "pad_token_id", None)
-        if isinstance(pad, int):
-            return pad
-    return 0
 
 
 def judge_counters(judge: Any) -> dict[str, float]:
