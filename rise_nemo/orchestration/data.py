@@ -37,11 +37,17 @@ def chain_task(cfg: Any):
     return make_chain_task(**_plain(cfg.data.task))
 
 
-def reasoning_tools(cfg: Any) -> tuple[Any, Any]:
+def reasoning_tools(cfg: Any, reward_model: Any = None) -> tuple[Any, Any]:
     """(verifier, step_accuracy checker or None) for the recipe's reasoning data source: the embedded task's
     rule verifier, the sandboxed unit-test reward (``CodeVerifier``) for APPS code files (``data.format:
-    apps``), or math-verify (``MathVerifier``) for other reasoning files (``data.source: jsonl`` of a
-    reasoning method: formats math, gsm8k, reasoning)."""
+    apps``), the reward model's preference over the chosen reply (``PreferenceVerifier``) for HH-RLHF pairs
+    (``data.format: hh_rlhf``; ``reward_model`` or the one the ``reward_model:`` block builds), or
+    math-verify (``MathVerifier``) for other reasoning files (``data.source: jsonl`` of a reasoning method:
+    formats math, gsm8k, reasoning)."""
+    if cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) == "hh_rlhf":
+        from rise_nemo.orchestration.reward_model import PreferenceVerifier
+
+        return PreferenceVerifier(reward_model if reward_model is not None else build_reward_model(cfg)), None
     if cfg.data.source == "chain_arithmetic":
         from rise_nemo.data.chain_task import RuleArithmeticVerifier, step_accuracy
 
@@ -58,10 +64,32 @@ def reasoning_tools(cfg: Any) -> tuple[Any, Any]:
     raise ValueError(f"config key 'data.source': {cfg.data.source!r} has no verifier for method {cfg.method!r}")
 
 
+def build_reward_model(cfg: Any) -> Any:
+    """The backend's reward model for the ``reward_model:`` block; config problems as one-line UserErrors."""
+    if not cfg.reward_model.path:
+        raise UserError("config key 'reward_model.path': is null, but the recipe needs a reward model "
+                        f"(reward.scorer={cfg.reward.scorer}, data.format={cfg.data.format}); set it to a "
+                        "Bradley-Terry sequence classifier")
+    from rise_nemo.backends import build_reward_model as build
+
+    try:
+        return build(cfg)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def needs_reward_model(cfg: Any) -> bool:
+    """The recipe's scorer is the reward model's, or its data are HH-RLHF pairs (evaluated with it)."""
+    from rise_nemo.orchestration.reward_model import SCORER
+
+    hh = cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) == "hh_rlhf"
+    return cfg.reward.scorer == SCORER or bool(hh)
+
+
 def require_verifier_extras(cfg: Any) -> None:
     """Reasoning files are checked with math-verify (the 'math' extra): a one-line UserError naming it, raised
     before any data is read or model built (rise_nemo.orchestration.run)."""
-    if cfg.data.source == "jsonl" and _reasoning_method(cfg):
+    if cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) != "hh_rlhf":
         from rise_nemo.errors import require_extra
 
         require_extra("math", "math_verify", what="checking math answers (data.source: jsonl, method "

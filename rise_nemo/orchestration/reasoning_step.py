@@ -120,6 +120,7 @@ class ReasoningContext:
     last_samples: list[dict[str, Any]] = field(default_factory=list)
     reference_judge: Any = None  # ExpRL methods: rise_nemo.judges.reference (sees the hidden reference)
     step_accuracy: Any = None  # the task's step-accuracy checker for evaluation (None: not reported)
+    reward_model: Any = None  # interfaces.RewardModel (the ``reward_model`` scorer), or None
 
     def __post_init__(self) -> None:
         if self.method.critic and self.critic is None:
@@ -130,8 +131,8 @@ class ReasoningContext:
             self.hooks = StepHooks()
 
     def score(self, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]]) -> exprl.StepScores:
-        """The step's rewards from the method's registered scorer (rise_nemo.methods)."""
-        return self.method.scorer_fn()(self, problems, groups)
+        """The step's rewards from the registered scorer: the recipe's ``reward.scorer`` or the method's own."""
+        return self.method.scorer_fn(self.cfg.reward.scorer)(self, problems, groups)
 
     def reference_judge_calls(self) -> int:
         return int(getattr(self.reference_judge, "calls", 0))
@@ -223,7 +224,7 @@ def segment_advantage_columns(ctx: ReasoningContext, problems, groups, scored: e
     """ExpRL-Process: the scorer's per-token segment advantages, no group normalisation."""
     if scored.token_advantages is None:
         raise ValueError(f"method {ctx.method.name!r}: advantage 'segment' needs a scorer that gives per-token "
-                         f"advantages; scorer {ctx.method.scorer!r} gives none")
+                         f"advantages; scorer {ctx.cfg.reward.scorer or ctx.method.scorer!r} gives none")
     batch["token_advantages"] = place_token_advantages(batch, groups, scored.valid, scored.token_advantages)
     batch["advantages"] = torch.zeros(batch["token_mask"].shape[0])
     return {}
@@ -392,6 +393,7 @@ REASONING_PROGRESS_KEYS = (("reward/mean", "r"), ("critic/explained_variance", "
 class ReasoningStep:
     """Verifier-rewarded reasoning methods: sample G rollouts per problem, score, advantages, train."""
 
+    scores_rollouts = True  # a recipe's reward.scorer may replace the method's registered scorer
     train_step = staticmethod(reasoning_train_step)
 
     @staticmethod
@@ -404,7 +406,7 @@ class ReasoningStep:
         return ReasoningContext(cfg=run.cfg, policy=run.policy, generator=run.generator, verifier=run.verifier,
                                 method=method, critic=run.critic, pad_id=run.pad_id, rng=run.rng,
                                 samples_per_step=run.samples_per_step, reference_judge=run.judge, hooks=hooks,
-                                step_accuracy=run.step_accuracy)
+                                step_accuracy=run.step_accuracy, reward_model=run.reward_model)
 
     @staticmethod
     def progress_keys(method: Method) -> tuple[tuple[str, str], ...]:
@@ -425,6 +427,8 @@ class ReasoningStep:
 @register_step("sft")
 class SFTStep(ReasoningStep):
     """The SFT baseline: the reasoning step's context and evaluation, NLL on the references (no sampling)."""
+
+    scores_rollouts = False
 
     train_step = staticmethod(sft_step)
 
