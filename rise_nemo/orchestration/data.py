@@ -64,12 +64,18 @@ def reasoning_tools(cfg: Any, reward_model: Any = None) -> tuple[Any, Any]:
     raise ValueError(f"config key 'data.source': {cfg.data.source!r} has no verifier for method {cfg.method!r}")
 
 
-def build_reward_model(cfg: Any) -> Any:
-    """The backend's reward model for the ``reward_model:`` block; config problems as one-line UserErrors."""
-    if not cfg.reward_model.path:
+def check_reward_model(cfg: Any) -> None:
+    """A recipe that needs a reward model (``needs_reward_model``) names one: a one-line UserError otherwise,
+    raised before anything is read or built."""
+    if needs_reward_model(cfg) and not cfg.reward_model.path:
         raise UserError("config key 'reward_model.path': is null, but the recipe needs a reward model "
                         f"(reward.scorer={cfg.reward.scorer}, data.format={cfg.data.format}); set it to a "
                         "Bradley-Terry sequence classifier")
+
+
+def build_reward_model(cfg: Any) -> Any:
+    """The backend's reward model for the ``reward_model:`` block; config problems as one-line UserErrors."""
+    check_reward_model(cfg)
     from rise_nemo.backends import build_reward_model as build
 
     try:

@@ -19,6 +19,7 @@ from rise_nemo.orchestration import checkpoint as ckpt
 from rise_nemo.orchestration.data import (
     build_reward_model,
     check_real_model,
+    check_reward_model,
     check_tokenizer_covers,
     load_prompts_checked,
     needs_reward_model,
@@ -117,6 +118,8 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
             check_method(cfg)
             method = get_method(str(cfg.method))
             require_verifier_extras(cfg)
+            if method.verifier:
+                check_reward_model(cfg)
             check_real_model(cfg)
             train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
             method.hooks_type().check_data(cfg, train_prompts)  # e.g. RRL: rrl.granularity can cut the data
