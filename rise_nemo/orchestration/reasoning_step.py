@@ -18,7 +18,8 @@ The seams RRL and ExpRL plug into without forking this step:
                  [] = from the problem) or None = every rollout from scratch (RRL's replay buffer,
                  rise_nemo.orchestration.rrl); given tokens are context only (token_mask 0) and GAE starts at
                  the state (core.value.gae). ``after_score`` sees the scored groups and the built batch
-                 (critic values included) before the policy update; ``after_train`` the step's metrics.
+                 (critic values included) and which rollouts solved their problem (``StepScores.solved_mask``)
+                 before the policy update; ``after_train`` the step's metrics.
   scores         ``ReasoningContext.score`` runs the method's registered scorer (rise_nemo.methods): rewards
                  [N, G] and a valid mask as one ``exprl.StepScores``, which may carry per-token advantages
                  (ExpRL-Process). Verifier 0/1 here; ExpRL's reference judge in rise_nemo.orchestration.exprl.
@@ -87,8 +88,9 @@ class StepHooks:
         return None
 
     def after_score(self, ctx: ReasoningContext, problems: Sequence[ReasoningProblem], groups: list[list[Rollout]],
-                    rewards: torch.Tensor, valid: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """After scoring and advantages, before the policy update; returns metrics for the step."""
+                    solved: torch.Tensor, valid: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """After scoring and advantages, before the policy update (``solved`` [N, G]: which rollouts solved their
+        problem); returns metrics for the step."""
         return {}
 
     def after_train(self, ctx: ReasoningContext, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -175,7 +177,7 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
     extra: dict[str, Any] = dict(scored.metrics)
     extra["diversity/ppl_variance"] = scratch_perplexity_variance(batch, groups, valid)
     extra.update(ctx.method.advantage_fn()(ctx, problems, groups, scored, batch))  # the batch's advantage columns
-    extra.update(ctx.hooks.after_score(ctx, problems, groups, rewards, valid, batch))
+    extra.update(ctx.hooks.after_score(ctx, problems, groups, scored.solved_mask(), valid, batch))
     if ctx.samples_per_step:
         ctx.last_samples = reasoning_sample_records(step, problems, groups, rewards, valid, batch, ctx.samples_per_step)
     warmup = critic_warmup(ctx, step)

@@ -6,7 +6,10 @@ and the HH-RLHF verifier that evaluates against the dataset's chosen reply under
                             step; rewards = core.rewards.reward_model_rewards (offset, none | batch whitening,
                             clip). A recipe picks it with ``reward.scorer: reward_model`` for any reasoning method
                             (ppo / rrl / grpo): the method's step, advantages and hooks are unchanged. Metrics:
-                            ``rm/score_mean`` / ``rm/score_std`` (raw scores), ``rm/truncated``.
+                            ``rm/score_mean`` / ``rm/score_std`` (raw scores), ``rm/truncated``. Problems with
+                            a reference reply (HH's chosen turn) have it scored in the same call: a rollout
+                            scored above it "solved" its problem (``StepScores.solved``: RRL's "correct",
+                            Algorithm 1 lines 9 and 14; ``rm/beats_reference``).
   ``PreferenceVerifier``    the reasoning step's verifier for ``data.format: hh_rlhf``: a response "passes" when
                             the reward model scores it above the problem's reference reply (HH's chosen turn), so
                             pass@1 during training is the reward model's win rate against the chosen replies.
@@ -48,10 +51,13 @@ def reward_model_scores(ctx: Any, problems: Sequence[ReasoningProblem],
     block = ctx.cfg.reward_model
     n, g = len(groups), max((len(x) for x in groups), default=0)
     convs = [conversation(p, r.response_text) for p, group in zip(problems, groups) for r in group]
+    # The problems' reference replies (HH: the chosen turn) in the same call: "solved" = scored above it.
+    refs = [conversation(p, p.reference_solution) for p in problems] if all(
+        p.reference_solution for p in problems) else []
     truncated_before = int(getattr(rm, "truncated", 0))
-    flat = rm.score(convs) if convs else []
-    if len(flat) != len(convs):
-        raise RuntimeError(f"reward model returned {len(flat)} scores for {len(convs)} conversations")
+    flat = rm.score(convs + refs) if convs else []
+    if len(flat) != len(convs) + len(refs):
+        raise RuntimeError(f"reward model returned {len(flat)} scores for {len(convs) + len(refs)} conversations")
     scores, valid = torch.zeros(n, g), torch.zeros(n, g, dtype=torch.bool)
     pos = 0
     for i, group in enumerate(groups):
@@ -64,7 +70,13 @@ def reward_model_scores(ctx: Any, problems: Sequence[ReasoningProblem],
     metrics = {"rm/score_mean": float(raw.mean()) if raw.numel() else None,
                "rm/score_std": float(raw.std()) if raw.numel() > 1 else None,
                "rm/truncated": int(getattr(rm, "truncated", 0)) - truncated_before}
-    return StepScores(rewards, valid, metrics=metrics)
+    solved = None
+    if refs:
+        ref_scores = torch.tensor([float(x) for x in flat[len(convs):]]).reshape(-1, 1)
+        solved = (scores > ref_scores) & valid
+        metrics["rm/reference_score_mean"] = float(ref_scores.mean())
+        metrics["rm/beats_reference"] = float(solved[valid].float().mean()) if bool(valid.any()) else None
+    return StepScores(rewards, valid, metrics=metrics, solved=solved)
 
 
 class PreferenceVerifier:

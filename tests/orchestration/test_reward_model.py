@@ -130,6 +130,31 @@ def test_preference_verifier_compares_with_the_chosen_reply(rm_dir):
     assert got == [a > b for a, b in zip(mine, ref)] and got[1] is False  # a tie is not a win
 
 
+class _Ctx:
+    def __init__(self, rm, cfg):
+        self.reward_model, self.cfg = rm, cfg
+
+
+def test_scorer_rewards_raw_scores_and_solved_means_beating_the_reference(rm_dir, tmp_path, monkeypatch):
+    from rise_nemo.interfaces import Rollout
+    from rise_nemo.orchestration.reward_model import reward_model_scores
+
+    rm = LocalRewardModel(rm_dir)
+    cfg = _cfg(tmp_path, rm_dir, monkeypatch)
+    problems = load_reasoning_problems(HH, "hh_rlhf").problems[:2]
+    texts = [["ok", problems[0].reference_solution, "no"], ["yes", "Sorry", problems[1].reference_solution]]
+    groups = [[Rollout(prompt_messages=[], prompt_token_ids=[], response_token_ids=[], response_text=t,
+                       sampling_logprobs=[])
+               for t in row] for row in texts]
+    scored = reward_model_scores(_Ctx(rm, cfg), problems, groups)
+    mine = torch.tensor([rm.score([conversation(p, t) for t in row]) for p, row in zip(problems, texts)])
+    ref = torch.tensor(rm.score([conversation(p, p.reference_solution) for p in problems])).reshape(-1, 1)
+    assert torch.allclose(scored.rewards, mine, atol=1e-5) and bool(scored.valid.all())
+    assert scored.solved.tolist() == (mine > ref).tolist()
+    assert not scored.solved[0, 1] and not scored.solved[1, 2]  # the reference itself does not beat itself
+    assert scored.metrics["rm/beats_reference"] == pytest.approx(float((mine > ref).float().mean()))
+
+
 def _cfg(tmp_path, rm: Path | None, monkeypatch, *overrides: str):
     if rm is not None:
         monkeypatch.setenv("RISE_REWARD_MODEL", str(rm))
@@ -165,9 +190,10 @@ def test_tiny_hh_recipe_trains_end_to_end(tmp_path, monkeypatch, rm_dir, method)
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:  # normalize none: the reward is the raw score
         assert m["reward/mean"] == pytest.approx(m["rm/score_mean"], abs=1e-5)
-        assert m["rm/truncated"] == 0
-    # 2 steps x 4 prompts x 4 rollouts, then the evaluation: 4 prompts x 2 samples + their 8 chosen replies
-    assert rm.calls == 2 * 4 * 4 + 4 * 2 * 2
+        assert m["rm/truncated"] == 0 and 0.0 <= m["rm/beats_reference"] <= 1.0
+    # 2 steps x (4 prompts x 4 rollouts + their 4 chosen replies), then the evaluation: 4 prompts x 2
+    # samples + their 8 chosen replies
+    assert rm.calls == 2 * (4 * 4 + 4) + 4 * 2 * 2
     evaluation = json.loads((tmp_path / "run" / "eval" / "step_000002.json").read_text())
     assert 0.0 <= evaluation["pass_at_1"] <= 1.0
     if method == "rrl":  # the chosen replies are RRL's canonical solutions: their states enter the buffer
