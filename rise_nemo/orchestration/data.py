@@ -67,10 +67,16 @@ def reasoning_tools(cfg: Any, reward_model: Any = None) -> tuple[Any, Any]:
 def check_reward_model(cfg: Any) -> None:
     """A recipe that needs a reward model (``needs_reward_model``) names one: a one-line UserError otherwise,
     raised before anything is read or built."""
-    if needs_reward_model(cfg) and not cfg.reward_model.path:
+    if not needs_reward_model(cfg):
+        return
+    path = cfg.reward_model.path
+    if not path:
         raise UserError("config key 'reward_model.path': is null, but the recipe needs a reward model "
                         f"(reward.scorer={cfg.reward.scorer}, data.format={cfg.data.format}); set it to a "
                         "Bradley-Terry sequence classifier")
+    if cfg.backend == "local" and not Path(str(path)).expanduser().is_dir():  # nemo: a hub name is fine
+        raise UserError(f"config key 'reward_model.path': {path} is not a directory; the local backend loads the "
+                        "reward model from a local directory holding a sequence classifier and its tokenizer")
 
 
 def build_reward_model(cfg: Any) -> Any:

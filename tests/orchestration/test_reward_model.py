@@ -166,6 +166,7 @@ def _cfg(tmp_path, rm: Path | None, monkeypatch, *overrides: str):
 
 @pytest.mark.parametrize("overrides,match", [
     ((), r"^config key 'reward_model\.path': is null"),
+    (("reward_model.path=/nonexistent/rm",), r"^config key 'reward_model\.path': /nonexistent/rm is not a directory"),
     (("reward.scorer=reward_modle",), r"^config key 'reward\.scorer': unknown scorer 'reward_modle'"),
     (("method=rubric_rl", "data.source=persistent"), r"^config key 'reward\.scorer': method 'rubric_rl'"),
 ])
