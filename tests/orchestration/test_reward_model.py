@@ -199,3 +199,10 @@ def test_tiny_hh_recipe_trains_end_to_end(tmp_path, monkeypatch, rm_dir, method)
     assert 0.0 <= evaluation["pass_at_1"] <= 1.0
     if method == "rrl":  # the chosen replies are RRL's canonical solutions: their states enter the buffer
         assert any(m.get("rrl/canonical_scored", 0) > 0 for m in read_metrics(tmp_path / "run"))
+        return
+    # `rise-nemo eval RUN_DIR` scores the checkpoint the same way (it used to treat jsonl rows as rubric prompts)
+    from rise_nemo.cli import main
+
+    assert main(["eval", str(tmp_path / "run")]) == 0
+    again = json.loads((tmp_path / "run" / "eval" / "cli" / "step_000002.json").read_text())
+    assert again["step"] == 2 and 0.0 <= again["pass_at_1"] <= 1.0
