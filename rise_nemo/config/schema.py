@@ -135,6 +135,19 @@ class RewardModelCfg:
 
 
 @dataclass
+class CodeRewardCfg:
+    """The sandboxed unit-test reward of ``data.format: apps`` (rise_nemo.judges.code_verifier, docs/DESIGN.md §10)."""
+
+    per_test_seconds: float = 4.0
+    total_seconds: float = 30.0  # per rollout, all its tests
+    workers: int | None = None  # sandbox slots (per Ray actor with ray_actors > 0); null = one per CPU, <= 32
+    # 0: the sandbox pool runs in the trainer's process on its node; N > 0: N CPU-only Ray actors (each
+    # ``workers`` slots, judges.ray_actor.RayCodeVerifier) on the run's Ray cluster (the nemo backend's)
+    ray_actors: int = 0
+    chunk_size: int = 8  # rollouts per Ray task; at most 2 tasks per actor in flight (back-pressure)
+
+
+@dataclass
 class RuscarlCfg:
     alpha: float = 125.0
     t0: float = 0.2
@@ -269,6 +282,7 @@ class RecipeCfg:
     grpo: GrpoCfg = field(default_factory=GrpoCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)
     reward_model: RewardModelCfg = field(default_factory=RewardModelCfg)
+    code_reward: CodeRewardCfg = field(default_factory=CodeRewardCfg)
     ruscarl: RuscarlCfg = field(default_factory=RuscarlCfg)
     ppo: PpoCfg = field(default_factory=PpoCfg)
     exprl: ExprlCfg = field(default_factory=ExprlCfg)
@@ -316,6 +330,11 @@ RANGE_CHECKS: dict[str, tuple[Any, Any]] = {
     "reward_model.max_length": (lambda v: v >= 2, ">= 2"),
     "reward_model.clip": (lambda v: v is None or v > 0, "> 0 or null"),
     "reward_model.gpus": (lambda v: v >= 1, ">= 1"),
+    "code_reward.per_test_seconds": (lambda v: v > 0, "> 0"),
+    "code_reward.total_seconds": (lambda v: v > 0, "> 0"),
+    "code_reward.workers": (lambda v: v is None or v >= 1, ">= 1 or null"),
+    "code_reward.ray_actors": (lambda v: v >= 0, ">= 0 (0 = the local sandbox pool)"),
+    "code_reward.chunk_size": (lambda v: v >= 1, ">= 1"),
     "ppo.gae_lambda": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "ppo.gae_gamma": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "ppo.value_clip": (lambda v: v > 0, "> 0 or null"),

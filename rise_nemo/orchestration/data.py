@@ -53,9 +53,7 @@ def reasoning_tools(cfg: Any, reward_model: Any = None) -> tuple[Any, Any]:
 
         return RuleArithmeticVerifier(), step_accuracy
     if cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) == "apps":
-        from rise_nemo.judges.code_verifier import CodeVerifier
-
-        return CodeVerifier(), None  # unit tests in the bubblewrap sandbox (docs/DESIGN.md §10)
+        return code_verifier(cfg), None  # unit tests in the bubblewrap sandbox (docs/DESIGN.md §10)
     if cfg.data.source == "jsonl" and _reasoning_method(cfg):
         require_verifier_extras(cfg)
         from rise_nemo.judges.verifiers import MathVerifier
@@ -77,6 +75,27 @@ def check_reward_model(cfg: Any) -> None:
     if cfg.backend == "local" and not Path(str(path)).expanduser().is_dir():  # nemo: a hub name is fine
         raise UserError(f"config key 'reward_model.path': {path} is not a directory; the local backend loads the "
                         "reward model from a local directory holding a sequence classifier and its tokenizer")
+
+
+def code_verifier(cfg: Any) -> Any:
+    """The unit-test reward of the ``code_reward:`` block: the local sandbox pool, or ``ray_actors`` Ray actors
+    (judges.ray_actor.RayCodeVerifier) on the run's Ray cluster."""
+    c = cfg.code_reward
+    kwargs = {"per_test_seconds": float(c.per_test_seconds), "total_seconds": float(c.total_seconds)}
+    if int(c.ray_actors) == 0:
+        from rise_nemo.judges.code_verifier import CodeVerifier
+
+        return CodeVerifier(workers=c.workers, **kwargs)
+    from rise_nemo.errors import require_extra
+
+    require_extra("judge", "ray", what="the code sandbox's Ray actors (code_reward.ray_actors > 0)")
+    from rise_nemo.judges.ray_actor import RayCodeVerifier
+
+    try:
+        return RayCodeVerifier(actors=int(c.ray_actors), workers=int(c.workers or 4), chunk_size=int(c.chunk_size),
+                               verifier_kwargs=kwargs)
+    except RuntimeError as exc:
+        raise UserError(f"config key 'code_reward.ray_actors': {str(exc).splitlines()[0]}") from None
 
 
 def build_reward_model(cfg: Any) -> Any:
