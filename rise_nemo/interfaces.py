@@ -195,6 +195,19 @@ class Verifier(Protocol):
         ...
 
 
+class RewardModel(Protocol):
+    """A Bradley-Terry reward model (the ``reward_model`` scorer, docs/methods.md "Reward-model reward")."""
+
+    calls: int  # conversations scored so far
+    truncated: int  # of them, cut to the model's max length
+
+    def score(self, conversations: Sequence[Conversation]) -> list[float]:
+        """One scalar per conversation: the prompt's messages + the response as the final assistant turn."""
+        ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class CheckpointLayout:
     """How a run directory keeps its checkpoints, for commands that pick one (`rise-nemo eval --checkpoint`).

@@ -8,8 +8,10 @@ a registry of its kind (verl's ``@register_adv_est("gae")`` / ``@register_policy
                 (``elsewhere`` says where). The step object builds the step's context (which owns the
                 method's checkpoint state), trains one step, evaluates and names the progress-bar columns.
   scorer        what turns rollouts into rewards (``@register_scorer``): ``verifier`` (0/1),
-                ``reference_outcome`` / ``reference_process`` (ExpRL's reference judge); the rubric step
-                scores with its rubric judge (``rubric_judge``)
+                ``reference_outcome`` / ``reference_process`` (ExpRL's reference judge), ``reward_model``
+                (a Bradley-Terry reward model's score); the rubric step scores with its rubric judge
+                (``rubric_judge``). A recipe's ``reward.scorer`` replaces a reasoning method's own scorer
+                (e.g. ppo / rrl on HH-RLHF with ``reward.scorer: reward_model``)
   advantage     the advantage estimator of the reasoning step (``@register_advantage``): ``group`` (eq. 1),
                 ``gae`` (critic), ``segment`` (ExpRL-Process), ``self_distillation``; the rubric step's
                 group / coupled advantages are its own (``rubric``)
@@ -109,6 +111,7 @@ class RunParts:
     pad_id: int = 0
     rng: Any = None  # random.Random of the run seed: the method's own choices; checkpointed
     samples_per_step: int = 0
+    reward_model: Any = None  # interfaces.RewardModel of the recipe's reward_model: block, or None
 
 
 class StepState(Protocol):
@@ -165,8 +168,9 @@ class Method:
         self.check_runnable()
         return STEPS.get(str(self.step))
 
-    def scorer_fn(self) -> Any:
-        return SCORERS.get(self.scorer)
+    def scorer_fn(self, override: str | None = None) -> Any:
+        """The registered scorer: ``override`` (the recipe's ``reward.scorer``) or the method's own."""
+        return SCORERS.get(override or self.scorer)
 
     def advantage_fn(self) -> Any:
         return ADVANTAGES.get(self.advantage)

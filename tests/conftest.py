@@ -23,3 +23,18 @@ def healthbench_path() -> Path:
     from rise_nemo.data.samples import healthbench_sample_path
 
     return healthbench_sample_path()
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One small loopback Ray cluster for the whole test session (reused if another suite started one)."""
+    ray = pytest.importorskip("ray")
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before ray.init: stay on 127.0.0.1
+    started = False
+    if not ray.is_initialized():
+        # address="local": always our own small cluster, never one another process on the machine runs.
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        started = True
+    yield ray
+    if started:
+        ray.shutdown()

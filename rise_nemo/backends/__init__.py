@@ -80,3 +80,16 @@ def build_critic(cfg: Any, policy: Policy, *, checkpoint: str | Path | None = No
     """The value model of PPO-family methods (local: a LocalCritic on the policy's body, lr ``ppo.critic_lr``;
     nemo: NeMo-RL's ``Value`` from the recipe's ``nemo.value`` block)."""
     return backend_module(cfg).build_critic(cfg, policy, checkpoint=checkpoint)
+
+
+def build_reward_model(cfg: Any) -> Any:
+    """The Bradley-Terry reward model of the recipe's ``reward_model:`` block (interfaces.RewardModel): local,
+    a sequence classifier on CPU in this process (backends.local.reward_model); nemo, NeMo-RL's
+    RewardModelEnvironment actor (backends.nemo.reward_model)."""
+    module = backend_module(cfg)
+    try:
+        return module.build_reward_model(cfg)
+    except ImportError as exc:
+        if cfg.backend != "nemo":
+            raise
+        raise nemo_rl_missing(exc) from None

@@ -9,7 +9,8 @@ Writes ``<run dir>/eval/cli/step_XXXXXX.json`` (``step_XXXXXX.2.json``, ... when
 prints the summary and coverage table. The trainer's own ``<run dir>/eval/step_XXXXXX.json`` (what ``report``
 reads) is never overwritten, whatever the overrides; an ``--out`` that is a folder or a trainer's eval file is
 refused before any work starts.
-On a reasoning data source (``data.source: chain_arithmetic``) it reports unbiased pass@k for k = 1, 2, 4,
+On reasoning problems (``data.source: chain_arithmetic``, or the files of a verifier-scored method: GSM8K,
+MATH, APPS, HH-RLHF with its reward model's preference over the chosen reply) it reports unbiased pass@k for k = 1, 2, 4,
 ..., eval.samples_per_prompt per difficulty level, step accuracy, mean token entropy and response length
 (rise_nemo.orchestration.reasoning_eval).
 """
@@ -88,17 +89,19 @@ def run(args: argparse.Namespace) -> int:
     from rise_nemo.orchestration.evaluate import evaluate
     from rise_nemo.orchestration.run import build_checked_judge, load_eval_model
 
+    reasoning = _is_reasoning(cfg)
+
     def check_eval(eval_prompts: Any) -> Any:
         if not eval_prompts:
             raise UserError("the recipe has no held-out prompts (data.eval_path)")
         # Reasoning tasks are scored by their verifier: no judge to build or probe.
-        return None if cfg.data.source in REASONING_SOURCES else build_checked_judge(cfg)
+        return None if reasoning else build_checked_judge(cfg)
 
     model = load_eval_model(cfg, run_dir, args.checkpoint, env_sources, before_build=check_eval)
     if run_dir is not None and model.checkpoint is None:
         print(f"rise-nemo eval: {run_dir} has no complete checkpoint; evaluating the initial policy", file=sys.stderr)
     generator, judge, eval_prompts, step = model.generator, model.checked, model.eval_prompts, model.step
-    if cfg.data.source in REASONING_SOURCES:
+    if reasoning:
         result, text = _reasoning_eval(cfg, generator, eval_prompts, step)
     else:
         result = evaluate(cfg, generator, judge, eval_prompts, step)
@@ -116,6 +119,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 REASONING_SOURCES = ("chain_arithmetic",)
+
+
+def _is_reasoning(cfg) -> bool:
+    """Problems scored by the task's verifier: the embedded reasoning task, or files of a verifier-scored method
+    (GSM8K / MATH / APPS / HH-RLHF rows; load_prompts reads them as reasoning problems)."""
+    from rise_nemo.methods import get_method
+
+    return cfg.data.source in REASONING_SOURCES or (cfg.data.source == "jsonl" and get_method(str(cfg.method)).verifier)
 
 
 def _run_suite(args: argparse.Namespace) -> int:

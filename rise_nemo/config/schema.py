@@ -110,6 +110,41 @@ class RewardCfg:
     clip_min: float | None = None  # e.g. 0.0 to clip negative HealthBench-style scores
     overlong_buffer: int = 0  # tokens before max_new_tokens where the penalty ramps in; 0 = off
     overlong_factor: float = 0.5
+    # The registered scorer that rewards the reasoning step's rollouts (rise_nemo.methods ``@register_scorer``);
+    # null = the method's own (``Method.scorer``). ``reward_model``: a Bradley-Terry reward model's score
+    # (the ``reward_model:`` block; rise_nemo.orchestration.reward_model).
+    scorer: str | None = None
+
+
+@dataclass
+class RewardModelCfg:
+    """A Bradley-Terry reward model (a sequence classifier with one scalar output) scoring prompt + response
+    under its own chat template (rise_nemo.judges.reward_model; docs/methods.md "Reward-model reward").
+    Local backend: loaded on CPU in the trainer's process; nemo backend: NeMo-RL's RewardModelEnvironment."""
+
+    path: str | None = None  # a local directory or hub name of an AutoModelForSequenceClassification; null = none
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    batch_size: int = 8  # sequences per forward pass (no grad)
+    max_length: int = 2048  # tokens of prompt + response; longer: the OLDEST tokens are dropped (the end stays)
+    # none: the raw score (TRL's RLOO/PPO, NeMo-RL's environment); batch: whitened over the step's valid
+    # rollouts (core.value.whiten_rewards); an offset is subtracted first in both (e.g. the RM's mean score).
+    normalize: Literal["none", "batch"] = "none"
+    offset: float = 0.0
+    clip: float | None = None  # |reward| clipped to this after normalisation (OpenRLHF's reward_clip_range); null = off
+    gpus: int = 1  # nemo backend: GPUs of the environment's own virtual cluster (NeMo-RL's resources.gpus_per_node)
+
+
+@dataclass
+class CodeRewardCfg:
+    """The sandboxed unit-test reward of ``data.format: apps`` (rise_nemo.judges.code_verifier, docs/DESIGN.md §10)."""
+
+    per_test_seconds: float = 4.0
+    total_seconds: float = 30.0  # per rollout, all its tests
+    workers: int | None = None  # sandbox slots (per Ray actor with ray_actors > 0); null = one per CPU, <= 32
+    # 0: the sandbox pool runs in the trainer's process on its node; N > 0: N CPU-only Ray actors (each
+    # ``workers`` slots, judges.ray_actor.RayCodeVerifier) on the run's Ray cluster (the nemo backend's)
+    ray_actors: int = 0
+    chunk_size: int = 8  # rollouts per Ray task; at most 2 tasks per actor in flight (back-pressure)
 
 
 @dataclass
@@ -195,7 +230,8 @@ class DataCfg:
     eval_path: str | None = None
     # rubric formats (rise_nemo.data.loaders) or reasoning formats (rise_nemo.data.reasoning: math, gsm8k,
     # reasoning, apps) for the verifier-rewarded methods; apps is graded by the sandboxed unit-test reward
-    format: Literal["auto", "healthbench", "rubrichub", "rar", "rise", "math", "gsm8k", "reasoning", "apps"] = "auto"
+    format: Literal["auto", "healthbench", "rubrichub", "rar", "rise", "math", "gsm8k", "reasoning", "apps",
+                    "hh_rlhf"] = "auto"
     skip_invalid: bool = False  # skip (and log) bad records instead of failing on the first
     max_train_prompts: int | None = None
     max_eval_prompts: int | None = None
@@ -245,6 +281,8 @@ class RecipeCfg:
     rise: RiseCfg = field(default_factory=RiseCfg)
     grpo: GrpoCfg = field(default_factory=GrpoCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)
+    reward_model: RewardModelCfg = field(default_factory=RewardModelCfg)
+    code_reward: CodeRewardCfg = field(default_factory=CodeRewardCfg)
     ruscarl: RuscarlCfg = field(default_factory=RuscarlCfg)
     ppo: PpoCfg = field(default_factory=PpoCfg)
     exprl: ExprlCfg = field(default_factory=ExprlCfg)
@@ -288,6 +326,15 @@ RANGE_CHECKS: dict[str, tuple[Any, Any]] = {
     "rise.schedule.min_steps": (lambda v: v >= 0, ">= 0"),
     "rise.schedule.tolerance": (lambda v: v >= 0, ">= 0"),
     "reward.overlong_buffer": (lambda v: v >= 0, ">= 0"),
+    "reward_model.batch_size": (lambda v: v >= 1, ">= 1"),
+    "reward_model.max_length": (lambda v: v >= 2, ">= 2"),
+    "reward_model.clip": (lambda v: v is None or v > 0, "> 0 or null"),
+    "reward_model.gpus": (lambda v: v >= 1, ">= 1"),
+    "code_reward.per_test_seconds": (lambda v: v > 0, "> 0"),
+    "code_reward.total_seconds": (lambda v: v > 0, "> 0"),
+    "code_reward.workers": (lambda v: v is None or v >= 1, ">= 1 or null"),
+    "code_reward.ray_actors": (lambda v: v >= 0, ">= 0 (0 = the local sandbox pool)"),
+    "code_reward.chunk_size": (lambda v: v >= 1, ">= 1"),
     "ppo.gae_lambda": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "ppo.gae_gamma": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "ppo.value_clip": (lambda v: v > 0, "> 0 or null"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["rubric_reward", "failure_matrix", "criterion_priority", "select_feedback"]
+__all__ = ["rubric_reward", "failure_matrix", "criterion_priority", "select_feedback", "reward_model_rewards"]
 
 
 def _as_float_tensor(x, name: str) -> torch.Tensor:
@@ -101,3 +101,26 @@ def select_feedback(priority, failures, top_m: int | None) -> list[int]:
     # Python's sort is stable: sorting by -priority keeps lower indices first among equal priorities.
     candidates.sort(key=lambda k: -float(p[k]))
     return candidates if top_m is None else candidates[:top_m]
+
+
+def reward_model_rewards(scores, valid, offset: float = 0.0, normalize: str = "none",
+                         clip: float | None = None) -> torch.Tensor:
+    """Rewards [N, G] from a Bradley-Terry reward model's scalar scores [N, G] (docs/methods.md
+    "Reward-model reward"): ``scores - offset`` (a fixed baseline, e.g. the RM's mean score on reference
+    replies), then ``normalize``: ``none`` (the raw score, as TRL's RLOO/PPO and NeMo-RL's reward-model
+    environment use it) or ``batch`` (whitened over the step's valid rollouts with core.value.whiten, Bessel's
+    correction), then clipped to [-clip, clip] when ``clip`` is set (OpenRLHF's reward clip). Invalid entries
+    are 0 (never trained on)."""
+    from rise_nemo.core.value import whiten
+
+    s = _as_float_tensor(scores, "scores") - float(offset)
+    mask = torch.as_tensor(valid, dtype=torch.bool)
+    if s.shape != mask.shape:
+        raise ValueError(f"scores {tuple(s.shape)} and valid {tuple(mask.shape)} differ in shape")
+    if normalize == "batch":
+        s = whiten(s, mask)
+    elif normalize != "none":
+        raise ValueError(f"normalize must be 'none' or 'batch', got {normalize!r}")
+    if clip is not None:
+        s = s.clamp(-float(clip), float(clip))
+    return torch.where(mask, s, torch.zeros_like(s))

@@ -8,7 +8,9 @@ with the user's turn; ``chosen`` / ``rejected`` are the two last Assistant turns
 differ before that turn, have no Assistant turn or no Human turn before it fail with ``file:line`` and the
 key (``RubricError``, or skipped and listed with ``skip_invalid``), as every loader's rows do.
 
-The reward-model reward and the win / tie / lose evaluation that read these pairs are not written yet.
+Training reads the same rows as reasoning problems (``data.format: hh_rlhf``, rise_nemo.data.reasoning: the
+chosen reply is the reference solution) scored by a reward model (rise_nemo.orchestration.reward_model); the
+win / tie / lose evaluation is the ``hh_win_rate`` suite (rise_nemo.evals.hh_win_rate).
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ Formats (``fmt``; "auto" detects the format of every record from its keys):
              optional ``difficulty`` (int >= 0) and ``prompt_id``.
   apps       APPS code problems, original or MapCoder layout (rise_nemo.data.apps): ``answer`` is the
              tests' JSON, graded by rise_nemo.judges.code_verifier.CodeVerifier in a sandbox.
+  hh_rlhf    Anthropic HH-RLHF pairs (``chosen``, ``rejected``; rise_nemo.data.hh_rlhf): the dialogue up to the
+             last "Assistant:" is the problem, the CHOSEN reply its reference solution (RRL's canonical
+             solution, whose states RRL replays), ``answer`` empty (no final answer: a reward model scores
+             these, rise_nemo.orchestration.reward_model); the rejected reply is not used for training.
 
 MATH and GSM8K questions are wrapped in ``MATH_PROMPT`` (NeMo-RL's examples/prompts/math.txt, so answers are
 boxed the way ``MathVerifier`` reads them); our own rows are shown exactly as written. GSM8K reference
@@ -30,6 +34,7 @@ from typing import Any, NamedTuple
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.core.rubric import RubricError
 from rise_nemo.data.apps import is_apps_record, parse_apps_record
+from rise_nemo.data.hh_rlhf import parse_hh_record
 from rise_nemo.data.loaders import Skipped, _err, _parse_messages, _prompt_id, _require, read_records
 from rise_nemo.data.loaders import _require_text as _text
 
@@ -43,7 +48,7 @@ __all__ = [
     "parse_reasoning_record",
 ]
 
-REASONING_FORMATS = ("auto", "math", "gsm8k", "reasoning", "apps")
+REASONING_FORMATS = ("auto", "math", "gsm8k", "reasoning", "apps", "hh_rlhf")
 MATH_PROMPT = "Solve the following math problem. Make sure to put the answer (and only answer) inside \\boxed{{}}.\n\n{}"
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -176,12 +181,19 @@ def _reasoning(row: Mapping, where: str, default_id: str) -> ReasoningProblem:
     return ReasoningProblem(pid, messages, reference, answer, difficulty)
 
 
-_PARSERS = {"math": _math, "gsm8k": _gsm8k, "reasoning": _reasoning, "apps": parse_apps_record}
+def _hh(row: Mapping, where: str, default_id: str) -> ReasoningProblem:
+    pair = parse_hh_record(row, where, default_id)
+    return ReasoningProblem(pair.prompt_id, pair.messages, pair.chosen, "")
+
+
+_PARSERS = {"math": _math, "gsm8k": _gsm8k, "reasoning": _reasoning, "apps": parse_apps_record, "hh_rlhf": _hh}
 
 
 def _detect(row: Mapping, where: str) -> str:
     if is_apps_record(row):
         return "apps"
+    if "chosen" in row and "rejected" in row:
+        return "hh_rlhf"
     if "problem" in row and "solution" in row:
         return "math"
     if "question" in row and "answer" in row:
@@ -191,7 +203,7 @@ def _detect(row: Mapping, where: str) -> str:
     raise RubricError(
         f"{where}: cannot tell the record's format from its keys {sorted(row)[:12]}; expected math "
         "(problem, solution), gsm8k (question, answer), reasoning (prompt, reference_solution, answer) or apps "
-        "(question, input_output / description, test_list)"
+        "(question, input_output / description, test_list) or hh_rlhf (chosen, rejected)"
     )
 
 

@@ -220,7 +220,56 @@ def classify(res: ExecResult) -> TestOutcome | None:
     return TestOutcome("runtime_error", f"{res.reason}: {last}" if last else res.reason)
 
 
-class CodeVerifier:
+class CodeReward:
+    """The unit-test reward's bookkeeping over a ``grade`` that runs the tests somewhere: ``verify`` (reward 1
+    iff all tests pass; None only where a problem's tests cannot be read), the outcome counters and the
+    step's ``batch_metrics``. ``CodeVerifier`` grades on a local sandbox pool; ``judges.ray_actor.
+    RayCodeVerifier`` on a pool of Ray actors, each holding a CodeVerifier."""
+
+    def __init__(self) -> None:
+        self.outcomes: Counter[str] = Counter()  # over this verifier's lifetime
+        self.last_results: list[CodeResult | None] = []
+        self._lock = threading.Lock()
+
+    def grade(self, responses: Sequence[str], tests: Sequence[CodeTests | None]) -> list[CodeResult | None]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        return None
+
+    def verify(self, problems: Sequence[ReasoningProblem], responses: Sequence[str]) -> list[bool | None]:
+        if len(problems) != len(responses):
+            raise ValueError(f"verify: {len(problems)} problems but {len(responses)} responses")
+        specs: list[CodeTests | None] = []
+        for p in problems:
+            try:
+                specs.append(parse_tests(p.answer))
+            except (ValueError, json.JSONDecodeError) as exc:
+                log.warning("CodeVerifier: problem %s: unreadable tests (%s)", p.prompt_id, exc)
+                specs.append(None)
+        results = self.grade(responses, specs)
+        with self._lock:
+            self.last_results = results
+            for p, r in zip(problems, results):
+                if r is None:
+                    continue
+                self.outcomes[r.outcome] += 1
+                log.info("code reward %s: %s %d/%d tests (%s)", p.prompt_id, r.outcome, r.passed, r.total, r.reason)
+        return [None if r is None else r.reward == 1.0 for r in results]
+
+    def batch_metrics(self) -> dict[str, float]:
+        """Of the last ``verify`` call's gradable rollouts: the mean pass fraction and the fraction of each
+        outcome kind (``code/outcome/<kind>``, every kind, summing to 1); the step's metrics include them."""
+        graded = [r for r in self.last_results if r is not None]
+        if not graded:
+            return {}
+        out = {"code/pass_fraction": sum(r.pass_fraction for r in graded) / len(graded)}
+        counts = Counter(r.outcome for r in graded)
+        out.update({f"code/outcome/{kind}": counts[kind] / len(graded) for kind in OUTCOMES})
+        return out
+
+
+class CodeVerifier(CodeReward):
     """``interfaces.Verifier`` for code: reward 1 iff the response's program passes all its problem's tests.
 
     ``per_test_seconds`` / ``total_seconds``: wall-clock limits per test and per rollout; ``limits``: the
@@ -234,6 +283,7 @@ class CodeVerifier:
     def __init__(self, per_test_seconds: float = 4.0, total_seconds: float = 30.0, workers: int | None = None,
                  limits: SandboxLimits | None = None, preamble: bool = True,
                  sandbox: BubblewrapSandbox | None = None):
+        super().__init__()
         if per_test_seconds <= 0 or total_seconds <= 0:
             raise ValueError("per_test_seconds and total_seconds must be > 0")
         self.per_test_seconds = float(per_test_seconds)
@@ -242,9 +292,6 @@ class CodeVerifier:
         self.sandbox = sandbox or BubblewrapSandbox(limits or SandboxLimits(memory_mb=1024))
         self.sandbox.check()
         self.pool = SandboxPool(self.sandbox, workers=workers or min(32, os.cpu_count() or 1))
-        self.outcomes: Counter[str] = Counter()  # over this verifier's lifetime
-        self.last_results: list[CodeResult | None] = []
-        self._lock = threading.Lock()
 
     def close(self) -> None:
         self.pool.close()
@@ -308,37 +355,6 @@ class CodeVerifier:
                 futures.append(self.pool.submit_task(
                     lambda sandbox, slot, c=code, s=spec: self.run_tests(sandbox, slot, c, s)))
         return [f if f is None or isinstance(f, CodeResult) else f.result() for f in futures]
-
-    def verify(self, problems: Sequence[ReasoningProblem], responses: Sequence[str]) -> list[bool | None]:
-        if len(problems) != len(responses):
-            raise ValueError(f"verify: {len(problems)} problems but {len(responses)} responses")
-        specs: list[CodeTests | None] = []
-        for p in problems:
-            try:
-                specs.append(parse_tests(p.answer))
-            except (ValueError, json.JSONDecodeError) as exc:
-                log.warning("CodeVerifier: problem %s: unreadable tests (%s)", p.prompt_id, exc)
-                specs.append(None)
-        results = self.grade(responses, specs)
-        with self._lock:
-            self.last_results = results
-            for p, r in zip(problems, results):
-                if r is None:
-                    continue
-                self.outcomes[r.outcome] += 1
-                log.info("code reward %s: %s %d/%d tests (%s)", p.prompt_id, r.outcome, r.passed, r.total, r.reason)
-        return [None if r is None else r.reward == 1.0 for r in results]
-
-    def batch_metrics(self) -> dict[str, float]:
-        """Of the last ``verify`` call's gradable rollouts: the mean pass fraction and the fraction of each
-        outcome kind (``code/outcome/<kind>``, every kind, summing to 1); the step's metrics include them."""
-        graded = [r for r in self.last_results if r is not None]
-        if not graded:
-            return {}
-        out = {"code/pass_fraction": sum(r.pass_fraction for r in graded) / len(graded)}
-        counts = Counter(r.outcome for r in graded)
-        out.update({f"code/outcome/{kind}": counts[kind] / len(graded) for kind in OUTCOMES})
-        return out
 
 
 def _summary(outcomes: list[TestOutcome]) -> CodeResult:

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rise_nemo.interfaces import JudgeRequest, JudgeStats, Verdict
+from rise_nemo.judges.code_verifier import CodeReward
 
 
 def load_builder(spec: str):
@@ -115,3 +116,95 @@ class RayJudge:
         except Exception:  # the actor may already be gone; killing it below is what matters
             pass
         self._ray.kill(self._actor)
+
+
+# ---- the code sandbox as a pool of Ray actors (docs/DESIGN.md §10) ------------------------------------------
+
+
+class CodeGraderActor:
+    """Plain class (unit-testable without Ray): one ``CodeVerifier`` (its own bubblewrap sandbox pool of
+    ``workers`` slots) on the node Ray places it on; ``grade`` runs one chunk of rollouts."""
+
+    def __init__(self, verifier_kwargs: Mapping[str, Any]) -> None:
+        from rise_nemo.judges.code_verifier import CodeVerifier
+
+        self._verifier = CodeVerifier(**dict(verifier_kwargs))
+
+    def grade(self, responses: Sequence[str], tests: Sequence[Any]) -> list[Any]:
+        return self._verifier.grade(responses, tests)
+
+    def close(self) -> None:
+        self._verifier.close()
+
+
+class RayCodeVerifier(CodeReward):
+    """The unit-test reward graded on ``actors`` CPU-only Ray actors (``CodeGraderActor``), each with its own
+    sandbox pool of ``workers`` slots (``num_cpus = workers``): on a cluster the actors go wherever Ray has
+    CPUs (the judge node, CPU nodes), not only the driver's node.
+
+    Back-pressure, not unbounded queues: a step's rollouts are cut into chunks of ``chunk_size``; at most
+    ``max_in_flight`` chunks are submitted per actor (one running, the rest queued in the actor); the driver
+    waits (``ray.wait``) for a chunk to finish before submitting more. Results come back in input order;
+    ``verify`` / ``batch_metrics`` / ``outcomes`` are CodeReward's, as for the local ``CodeVerifier``.
+    """
+
+    def __init__(self, actors: int = 2, workers: int = 4, chunk_size: int = 8, max_in_flight: int = 2,
+                 verifier_kwargs: Mapping[str, Any] | None = None, start_timeout_s: float = 300.0) -> None:
+        import ray
+
+        super().__init__()
+        if actors < 1 or workers < 1 or chunk_size < 1 or max_in_flight < 1:
+            raise ValueError("actors, workers, chunk_size and max_in_flight must be >= 1")
+        if not ray.is_initialized():
+            raise RuntimeError("RayCodeVerifier needs a running Ray (call ray.init first; on loopback-only "
+                               "machines set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before it)")
+        self._ray = ray
+        self.chunk_size, self.max_in_flight = int(chunk_size), int(max_in_flight)
+        kwargs = {**dict(verifier_kwargs or {}), "workers": int(workers)}
+        actor_cls = ray.remote(num_cpus=workers, num_gpus=0, max_restarts=0)(CodeGraderActor)
+        self._actors = [actor_cls.remote(kwargs) for _ in range(int(actors))]
+        # Fail here, with the actor's own error (e.g. no bubblewrap on that node), not in the first step.
+        try:
+            ray.get([a.grade.remote([], []) for a in self._actors], timeout=start_timeout_s)
+        except Exception as exc:
+            for actor in self._actors:
+                ray.kill(actor)
+            lines = [line for line in str(exc).splitlines() if line.strip()]
+            raise RuntimeError(f"a code sandbox actor did not start: {lines[-1] if lines else type(exc).__name__}") from None
+        self.peak_in_flight = 0  # the most chunks ever submitted and not finished (<= actors * max_in_flight)
+
+    def grade(self, responses: Sequence[str], tests: Sequence[Any]) -> list[Any]:
+        ray = self._ray
+        chunks = [(i, list(responses[i:i + self.chunk_size]), list(tests[i:i + self.chunk_size]))
+                  for i in range(0, len(responses), self.chunk_size)]
+        results: list[Any] = [None] * len(responses)
+        load = [0] * len(self._actors)
+        pending: dict[Any, tuple[int, int]] = {}  # ref -> (first index, actor)
+
+        def collect(done: list[Any]) -> None:
+            for ref in done:
+                start, actor = pending.pop(ref)
+                load[actor] -= 1
+                out = ray.get(ref)
+                results[start:start + len(out)] = out
+
+        for start, resp, spec in chunks:
+            while min(load) >= self.max_in_flight:  # every actor is full: wait for one chunk to finish
+                done, _ = ray.wait(list(pending), num_returns=1)
+                collect(done)
+            actor = load.index(min(load))
+            pending[self._actors[actor].grade.remote(resp, spec)] = (start, actor)
+            load[actor] += 1
+            self.peak_in_flight = max(self.peak_in_flight, len(pending))
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            collect(done)
+        return results
+
+    def close(self) -> None:
+        for actor in self._actors:
+            try:
+                self._ray.get(actor.close.remote(), timeout=60)
+            except Exception:  # the actor may already be gone; killing it is what matters
+                pass
+            self._ray.kill(actor)

@@ -37,19 +37,23 @@ def chain_task(cfg: Any):
     return make_chain_task(**_plain(cfg.data.task))
 
 
-def reasoning_tools(cfg: Any) -> tuple[Any, Any]:
+def reasoning_tools(cfg: Any, reward_model: Any = None) -> tuple[Any, Any]:
     """(verifier, step_accuracy checker or None) for the recipe's reasoning data source: the embedded task's
     rule verifier, the sandboxed unit-test reward (``CodeVerifier``) for APPS code files (``data.format:
-    apps``), or math-verify (``MathVerifier``) for other reasoning files (``data.source: jsonl`` of a
-    reasoning method: formats math, gsm8k, reasoning)."""
+    apps``), the reward model's preference over the chosen reply (``PreferenceVerifier``) for HH-RLHF pairs
+    (``data.format: hh_rlhf``; ``reward_model`` or the one the ``reward_model:`` block builds), or
+    math-verify (``MathVerifier``) for other reasoning files (``data.source: jsonl`` of a reasoning method:
+    formats math, gsm8k, reasoning)."""
+    if cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) == "hh_rlhf":
+        from rise_nemo.orchestration.reward_model import PreferenceVerifier
+
+        return PreferenceVerifier(reward_model if reward_model is not None else build_reward_model(cfg)), None
     if cfg.data.source == "chain_arithmetic":
         from rise_nemo.data.chain_task import RuleArithmeticVerifier, step_accuracy
 
         return RuleArithmeticVerifier(), step_accuracy
     if cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) == "apps":
-        from rise_nemo.judges.code_verifier import CodeVerifier
-
-        return CodeVerifier(), None  # unit tests in the bubblewrap sandbox (docs/DESIGN.md §10)
+        return code_verifier(cfg), None  # unit tests in the bubblewrap sandbox (docs/DESIGN.md §10)
     if cfg.data.source == "jsonl" and _reasoning_method(cfg):
         require_verifier_extras(cfg)
         from rise_nemo.judges.verifiers import MathVerifier
@@ -58,10 +62,65 @@ def reasoning_tools(cfg: Any) -> tuple[Any, Any]:
     raise ValueError(f"config key 'data.source': {cfg.data.source!r} has no verifier for method {cfg.method!r}")
 
 
+def check_reward_model(cfg: Any) -> None:
+    """A recipe that needs a reward model (``needs_reward_model``) names one: a one-line UserError otherwise,
+    raised before anything is read or built."""
+    if not needs_reward_model(cfg):
+        return
+    path = cfg.reward_model.path
+    if not path:
+        raise UserError("config key 'reward_model.path': is null, but the recipe needs a reward model "
+                        f"(reward.scorer={cfg.reward.scorer}, data.format={cfg.data.format}); set it to a "
+                        "Bradley-Terry sequence classifier")
+    if cfg.backend == "local" and not Path(str(path)).expanduser().is_dir():  # nemo: a hub name is fine
+        raise UserError(f"config key 'reward_model.path': {path} is not a directory; the local backend loads the "
+                        "reward model from a local directory holding a sequence classifier and its tokenizer")
+
+
+def code_verifier(cfg: Any) -> Any:
+    """The unit-test reward of the ``code_reward:`` block: the local sandbox pool, or ``ray_actors`` Ray actors
+    (judges.ray_actor.RayCodeVerifier) on the run's Ray cluster."""
+    c = cfg.code_reward
+    kwargs = {"per_test_seconds": float(c.per_test_seconds), "total_seconds": float(c.total_seconds)}
+    if int(c.ray_actors) == 0:
+        from rise_nemo.judges.code_verifier import CodeVerifier
+
+        return CodeVerifier(workers=c.workers, **kwargs)
+    from rise_nemo.errors import require_extra
+
+    require_extra("judge", "ray", what="the code sandbox's Ray actors (code_reward.ray_actors > 0)")
+    from rise_nemo.judges.ray_actor import RayCodeVerifier
+
+    try:
+        return RayCodeVerifier(actors=int(c.ray_actors), workers=int(c.workers or 4), chunk_size=int(c.chunk_size),
+                               verifier_kwargs=kwargs)
+    except RuntimeError as exc:
+        raise UserError(f"config key 'code_reward.ray_actors': {str(exc).splitlines()[0]}") from None
+
+
+def build_reward_model(cfg: Any) -> Any:
+    """The backend's reward model for the ``reward_model:`` block; config problems as one-line UserErrors."""
+    check_reward_model(cfg)
+    from rise_nemo.backends import build_reward_model as build
+
+    try:
+        return build(cfg)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def needs_reward_model(cfg: Any) -> bool:
+    """The recipe's scorer is the reward model's, or its data are HH-RLHF pairs (evaluated with it)."""
+    from rise_nemo.orchestration.reward_model import SCORER
+
+    hh = cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) == "hh_rlhf"
+    return cfg.reward.scorer == SCORER or bool(hh)
+
+
 def require_verifier_extras(cfg: Any) -> None:
     """Reasoning files are checked with math-verify (the 'math' extra): a one-line UserError naming it, raised
     before any data is read or model built (rise_nemo.orchestration.run)."""
-    if cfg.data.source == "jsonl" and _reasoning_method(cfg):
+    if cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) != "hh_rlhf":
         from rise_nemo.errors import require_extra
 
         require_extra("math", "math_verify", what="checking math answers (data.source: jsonl, method "

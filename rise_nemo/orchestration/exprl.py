@@ -40,6 +40,12 @@ class StepScores:
     valid: torch.Tensor
     token_advantages: dict[tuple[int, int], torch.Tensor] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    # [N, G] bool: which rollouts solved their problem (RRL's "correct", Algorithm 1 lines 9 and 14); None =
+    # reward > 0.5, i.e. the 0/1 verifier's verdict. The reward-model scorer sets it (beats the reference reply).
+    solved: torch.Tensor | None = None
+
+    def solved_mask(self) -> torch.Tensor:
+        return self.solved if self.solved is not None else self.rewards > 0.5
 
 
 def rollout_segments(tokenizer: Any, rollout: Rollout, marker: str) -> tuple[list[tuple[int, int]], list[str]]:

@@ -18,7 +18,8 @@ The seams RRL and ExpRL plug into without forking this step:
                  [] = from the problem) or None = every rollout from scratch (RRL's replay buffer,
                  rise_nemo.orchestration.rrl); given tokens are context only (token_mask 0) and GAE starts at
                  the state (core.value.gae). ``after_score`` sees the scored groups and the built batch
-                 (critic values included) before the policy update; ``after_train`` the step's metrics.
+                 (critic values included) and which rollouts solved their problem (``StepScores.solved_mask``)
+                 before the policy update; ``after_train`` the step's metrics.
   scores         ``ReasoningContext.score`` runs the method's registered scorer (rise_nemo.methods): rewards
                  [N, G] and a valid mask as one ``exprl.StepScores``, which may carry per-token advantages
                  (ExpRL-Process). Verifier 0/1 here; ExpRL's reference judge in rise_nemo.orchestration.exprl.
@@ -87,8 +88,9 @@ class StepHooks:
         return None
 
     def after_score(self, ctx: ReasoningContext, problems: Sequence[ReasoningProblem], groups: list[list[Rollout]],
-                    rewards: torch.Tensor, valid: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """After scoring and advantages, before the policy update; returns metrics for the step."""
+                    solved: torch.Tensor, valid: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """After scoring and advantages, before the policy update (``solved`` [N, G]: which rollouts solved their
+        problem); returns metrics for the step."""
         return {}
 
     def after_train(self, ctx: ReasoningContext, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -120,6 +122,7 @@ class ReasoningContext:
     last_samples: list[dict[str, Any]] = field(default_factory=list)
     reference_judge: Any = None  # ExpRL methods: rise_nemo.judges.reference (sees the hidden reference)
     step_accuracy: Any = None  # the task's step-accuracy checker for evaluation (None: not reported)
+    reward_model: Any = None  # interfaces.RewardModel (the ``reward_model`` scorer), or None
 
     def __post_init__(self) -> None:
         if self.method.critic and self.critic is None:
@@ -130,8 +133,8 @@ class ReasoningContext:
             self.hooks = StepHooks()
 
     def score(self, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]]) -> exprl.StepScores:
-        """The step's rewards from the method's registered scorer (rise_nemo.methods)."""
-        return self.method.scorer_fn()(self, problems, groups)
+        """The step's rewards from the registered scorer: the recipe's ``reward.scorer`` or the method's own."""
+        return self.method.scorer_fn(self.cfg.reward.scorer)(self, problems, groups)
 
     def reference_judge_calls(self) -> int:
         return int(getattr(self.reference_judge, "calls", 0))
@@ -174,7 +177,7 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
     extra: dict[str, Any] = dict(scored.metrics)
     extra["diversity/ppl_variance"] = scratch_perplexity_variance(batch, groups, valid)
     extra.update(ctx.method.advantage_fn()(ctx, problems, groups, scored, batch))  # the batch's advantage columns
-    extra.update(ctx.hooks.after_score(ctx, problems, groups, rewards, valid, batch))
+    extra.update(ctx.hooks.after_score(ctx, problems, groups, scored.solved_mask(), valid, batch))
     if ctx.samples_per_step:
         ctx.last_samples = reasoning_sample_records(step, problems, groups, rewards, valid, batch, ctx.samples_per_step)
     warmup = critic_warmup(ctx, step)
@@ -223,7 +226,7 @@ def segment_advantage_columns(ctx: ReasoningContext, problems, groups, scored: e
     """ExpRL-Process: the scorer's per-token segment advantages, no group normalisation."""
     if scored.token_advantages is None:
         raise ValueError(f"method {ctx.method.name!r}: advantage 'segment' needs a scorer that gives per-token "
-                         f"advantages; scorer {ctx.method.scorer!r} gives none")
+                         f"advantages; scorer {ctx.cfg.reward.scorer or ctx.method.scorer!r} gives none")
     batch["token_advantages"] = place_token_advantages(batch, groups, scored.valid, scored.token_advantages)
     batch["advantages"] = torch.zeros(batch["token_mask"].shape[0])
     return {}
@@ -392,6 +395,7 @@ REASONING_PROGRESS_KEYS = (("reward/mean", "r"), ("critic/explained_variance", "
 class ReasoningStep:
     """Verifier-rewarded reasoning methods: sample G rollouts per problem, score, advantages, train."""
 
+    scores_rollouts = True  # a recipe's reward.scorer may replace the method's registered scorer
     train_step = staticmethod(reasoning_train_step)
 
     @staticmethod
@@ -404,7 +408,7 @@ class ReasoningStep:
         return ReasoningContext(cfg=run.cfg, policy=run.policy, generator=run.generator, verifier=run.verifier,
                                 method=method, critic=run.critic, pad_id=run.pad_id, rng=run.rng,
                                 samples_per_step=run.samples_per_step, reference_judge=run.judge, hooks=hooks,
-                                step_accuracy=run.step_accuracy)
+                                step_accuracy=run.step_accuracy, reward_model=run.reward_model)
 
     @staticmethod
     def progress_keys(method: Method) -> tuple[tuple[str, str], ...]:
@@ -425,6 +429,8 @@ class ReasoningStep:
 @register_step("sft")
 class SFTStep(ReasoningStep):
     """The SFT baseline: the reasoning step's context and evaluation, NLL on the references (no sampling)."""
+
+    scores_rollouts = False
 
     train_step = staticmethod(sft_step)
 

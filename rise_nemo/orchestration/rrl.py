@@ -7,7 +7,8 @@ promising states (core.replay). In one step:
                  least-explored buffered state of its problem (its counter +1, line 13); otherwise, or when
                  the problem has no state, it starts from the problem (line 6). The state's tokens are
                  context only (token_mask 0: eq. 3) and GAE starts at the state, bootstrapped from V there.
-  after scoring  a replayed rollout that is correct removes its state (line 14). Once the critic's value
+  after scoring  a replayed rollout that is correct (the scorer's ``solved``: the verifier's 1, or with a
+                 reward model, a score above the reference reply's) removes its state (line 14). Once the critic's value
                  loss has stabilised (core.replay.ValueStabilisation), every normal rollout pushes
                  argmax_i V(s_i) of its own response (line 8; the values GAE already used, ``batch["values"]``)
                  and, if it is wrong, its problem's canonical solution pushes its argmax-V state (line 9):
@@ -119,19 +120,19 @@ class RRLHooks(StepHooks):
 
     # ---- lines 8-9 and 12-14 ------------------------------------------------------------------------
     def after_score(self, ctx: ReasoningContext, problems: Sequence[ReasoningProblem], groups: list[list[Rollout]],
-                    rewards: torch.Tensor, valid: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+                    solved: torch.Tensor, valid: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         before = dict(self.buffer.stats)
-        solved = {True: [0, 0], False: [0, 0]}  # replayed? -> [correct, valid]
+        tally = {True: [0, 0], False: [0, 0]}  # replayed? -> [correct, valid]
         row, canonical_needed = 0, []
         stable = self.stabilisation.stable
         for i, (problem, group) in enumerate(zip(problems, groups)):
             for j, rollout in enumerate(group):
                 if not bool(valid[i, j]):
                     continue
-                correct = float(rewards[i, j]) > 0.5
+                correct = bool(solved[i, j])  # the scorer's verdict (StepScores.solved_mask)
                 replayed = (i, j) in self._replayed
-                solved[replayed][0] += correct
-                solved[replayed][1] += 1
+                tally[replayed][0] += correct
+                tally[replayed][1] += 1
                 if replayed and correct:
                     self.buffer.remove(problem.prompt_id, self._replayed[i, j])
                 elif not replayed and stable:
@@ -148,8 +149,8 @@ class RRLHooks(StepHooks):
         return {
             "rrl/replay_p": self._p,
             "rrl/replay_fraction": len(self._replayed) / max(1, n_rollouts),
-            "rrl/solve_rate_replayed": solved[True][0] / solved[True][1] if solved[True][1] else None,
-            "rrl/solve_rate_scratch": solved[False][0] / solved[False][1] if solved[False][1] else None,
+            "rrl/solve_rate_replayed": tally[True][0] / tally[True][1] if tally[True][1] else None,
+            "rrl/solve_rate_scratch": tally[False][0] / tally[False][1] if tally[False][1] else None,
             "rrl/canonical_scored": len(canonical_needed),
             **{f"rrl/states_{k}": self.buffer.stats[k] - before[k] for k in ("added", "removed", "evicted")},
             "rrl/buffer_size": len(self.buffer),

@@ -18,9 +18,12 @@ from rise_nemo.errors import UserError, require_extra
 from rise_nemo.methods import get_method
 from rise_nemo.orchestration import checkpoint as ckpt
 from rise_nemo.orchestration.data import (
+    build_reward_model,
     check_real_model,
+    check_reward_model,
     check_tokenizer_covers,
     load_prompts_checked,
+    needs_reward_model,
     reasoning_tools,
     require_verifier_extras,
     warm_start_policy,
@@ -31,11 +34,23 @@ from rise_nemo.orchestration.trainer import Trainer, resolve_run_dir  # imports 
 
 
 def check_method(cfg: Any) -> None:
-    """The method is registered and has a training step here (rise_nemo.methods); `opd` runs elsewhere."""
+    """The method is registered and has a training step here (rise_nemo.methods); `opd` runs elsewhere. A
+    recipe's ``reward.scorer`` must be a registered scorer, for a step that scores rollouts with one."""
+    from rise_nemo.methods import SCORERS
+
     try:
-        get_method(str(cfg.method)).training_step()
+        step = get_method(str(cfg.method)).training_step()
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    scorer = cfg.reward.scorer
+    if scorer is None:
+        return
+    if scorer not in SCORERS:
+        raise UserError(f"config key 'reward.scorer': unknown scorer {scorer!r}; registered: {sorted(SCORERS.names())}")
+    if not getattr(step, "scores_rollouts", False):
+        raise UserError(f"config key 'reward.scorer': method {cfg.method!r} does not score rollouts with a "
+                        "registered scorer (the rubric methods use their rubric judge, sft samples nothing); "
+                        "remove the key")
 
 
 def check_backend(cfg: Any) -> None:
@@ -104,6 +119,8 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
             check_method(cfg)
             method = get_method(str(cfg.method))
             require_verifier_extras(cfg)
+            if method.verifier:
+                check_reward_model(cfg)
             check_real_model(cfg)
             train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
             method.hooks_type().check_data(cfg, train_prompts)  # e.g. RRL: rrl.granularity can cut the data
@@ -125,11 +142,14 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
                 else:
                     warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
             reasoning: dict[str, Any] = {}
+            # The reward model (scorer ``reward_model`` / HH-RLHF's verifier), built once for both.
+            reward_model = build_reward_model(cfg) if method.verifier and needs_reward_model(cfg) else None
             if method.verifier:
-                verifier, step_accuracy = reasoning_tools(cfg)
+                verifier, step_accuracy = reasoning_tools(cfg, reward_model=reward_model)
                 # The critic copies the policy's body AFTER the warm start (a resume overwrites it from the checkpoint).
                 critic = build_critic(cfg, policy, checkpoint=latest) if method.critic else None
-                reasoning = {"critic": critic, "verifier": verifier, "step_accuracy": step_accuracy}
+                reasoning = {"critic": critic, "verifier": verifier, "step_accuracy": step_accuracy,
+                             "reward_model": reward_model}
         except BaseException:
             lock.release()
             if not existed and run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [".lock"]:

@@ -37,6 +37,7 @@ import torch
 # (rise_nemo.methods); the trainer only asks the method for them.
 import rise_nemo.orchestration.exprl
 import rise_nemo.orchestration.reasoning_step
+import rise_nemo.orchestration.reward_model
 import rise_nemo.orchestration.rrl
 import rise_nemo.orchestration.step  # noqa: F401
 from rise_nemo.core.rubric import RubricPrompt
@@ -85,6 +86,7 @@ class Trainer:
         critic: Critic | None = None,
         verifier: Verifier | None = None,
         step_accuracy: Any = None,
+        reward_model: Any = None,
     ):
         """``stop_after``: behave as if a stop signal arrived during that step (tests, bounded sessions).
         ``lock``: the run directory's lock if the caller already holds it (``build_trainer``); released at
@@ -92,7 +94,7 @@ class Trainer:
 
         Methods scored by a verifier (rise_nemo.methods ``Method.verifier``) take ``verifier`` (``judge``: ExpRL's
         reference judge or None), ``critic`` when the method trains one, and the task's ``step_accuracy``
-        checker for evaluation."""
+        checker for evaluation; ``reward_model`` (interfaces.RewardModel) when the recipe has a reward model."""
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir is not None else resolve_run_dir(cfg)
         self.policy, self.generator, self.judge = policy, generator, judge
@@ -102,6 +104,7 @@ class Trainer:
                                      bool(cfg.data.shuffle))
         self.method = get_method(str(cfg.method))
         self.critic, self.verifier, self.step_accuracy = critic, verifier, step_accuracy
+        self.reward_model = reward_model
         # The method's registered training step builds its context (rise_nemo.methods.StepState): the step's
         # inputs and the method's own checkpointed state (RISE's schedule and gate, RRL's replay buffer).
         self._step_kind = self.method.training_step()
@@ -109,7 +112,7 @@ class Trainer:
             cfg=cfg, policy=policy, generator=generator, judge=judge, verifier=verifier, critic=critic,
             step_accuracy=step_accuracy, n_train_problems=len(train_prompts), total_steps=self.steps,
             pad_id=pad_id_of(generator), rng=random.Random(int(cfg.run.seed)),
-            samples_per_step=int(cfg.train.log_samples)))
+            samples_per_step=int(cfg.train.log_samples), reward_model=reward_model))
         self._train_step, self._progress_keys = self._step_kind.train_step, self._step_kind.progress_keys(self.method)
         self.lock = lock
         self.config_changes = list(config_changes)

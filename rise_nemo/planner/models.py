@@ -93,15 +93,22 @@ DEEPSEEK_CODER: dict[str, ModelShape] = {
     "deepseek-coder-6.7b": ModelShape("deepseek-coder-6.7b", 4096, 32, 32, 32, 128, 11008, 32256, False,
                                       qk_norm=False, qkv_bias=False),
 }
-BUILT_IN: dict[str, ModelShape] = {**QWEN3, **QWEN25, **DEEPSEEK_CODER}
+# Llama-2-7B (base and chat; the RRL paper's HH-RLHF model): hidden 4096, 32 layers, 32 heads = 32 KV heads,
+# SwiGLU 11008, vocabulary 32000, untied embeddings, no biases, no q/k norm (meta-llama/Llama-2-7b-hf
+# config.json). 6.74B parameters in all.
+LLAMA2: dict[str, ModelShape] = {
+    "llama-2-7b": ModelShape("llama-2-7b", 4096, 32, 32, 32, 128, 11008, 32000, False, qk_norm=False,
+                             qkv_bias=False),
+}
+BUILT_IN: dict[str, ModelShape] = {**QWEN3, **QWEN25, **DEEPSEEK_CODER, **LLAMA2}
 
 
 def _table_key(name: str) -> str:
     """'Qwen/Qwen3-14B', 'Qwen3-14B-Base' or 'Qwen/Qwen3-4B-Instruct-2507' (a dated release of the same
-    shape) -> 'qwen3-14b' / 'qwen3-4b'."""
+    shape) -> 'qwen3-14b' / 'qwen3-4b'; 'meta-llama/Llama-2-7b-chat-hf' -> 'llama-2-7b'."""
     key = name.strip().lower().rsplit("/", 1)[-1]
     key = re.sub(r"-\d{4}$", "", key)
-    for suffix in ("-fp8", "-base", "-instruct", "-thinking"):
+    for suffix in ("-hf", "-chat", "-fp8", "-base", "-instruct", "-thinking"):
         key = key.removesuffix(suffix)
     return key
 

@@ -1,9 +1,8 @@
-"""Fixtures for the LLM judge tests: the loopback rule-grader server, HealthBench-based requests, Ray."""
+"""Fixtures for the LLM judge tests: the loopback rule-grader server, HealthBench-based requests (Ray: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 from pathlib import Path
@@ -54,18 +53,3 @@ def healthbench_requests(healthbench_path) -> list[JudgeRequest]:
         JudgeRequest(conversation=msgs, response=synthetic_response(rub, rng), rubric=rub, prompt_id=pid)
         for pid, msgs, rub in load_healthbench(healthbench_path, limit=20)
     ]
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    """One small loopback Ray cluster for the whole test session (reused if another suite started one)."""
-    ray = pytest.importorskip("ray")
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before ray.init: stay on 127.0.0.1
-    started = False
-    if not ray.is_initialized():
-        # address="local": always our own small cluster, never one another process on the machine runs.
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-        started = True
-    yield ray
-    if started:
-        ray.shutdown()

@@ -24,13 +24,13 @@ EXPECTED = {"rise_4b.yaml", "rise_14b.yaml", "rubric_rl_14b.yaml", "ruscarl_14b.
             "rise_14b_uniform.yaml", "opd_14b_teacher32b.yaml", "opd_4b_teacher14b.yaml", "ppo_math_7b.yaml",
             "grpo_math_qwen3_4b.yaml", "exprl_outcome_qwen3_4b.yaml", "exprl_process_qwen3_4b.yaml",
             "exprl_stage2_qwen3_4b.yaml", "rrl_math_7b.yaml", "ppo_apps_deepseek_coder_6.7b.yaml",
-            "rrl_apps_deepseek_coder_6.7b.yaml"}
+            "rrl_apps_deepseek_coder_6.7b.yaml", "ppo_hh_llama2_7b.yaml", "rrl_hh_llama2_7b.yaml"}
 DOCUMENTED_NODES = {"rise_4b.yaml": 2, "rise_14b.yaml": 2, "rubric_rl_14b.yaml": 2, "ruscarl_14b.yaml": 2,
                     "rise_14b_coupled.yaml": 2, "rise_14b_uniform.yaml": 2, "opd_14b_teacher32b.yaml": 3,
                     "opd_4b_teacher14b.yaml": 2, "ppo_math_7b.yaml": 1, "grpo_math_qwen3_4b.yaml": 1,
                     "exprl_outcome_qwen3_4b.yaml": 2, "exprl_process_qwen3_4b.yaml": 2, "exprl_stage2_qwen3_4b.yaml": 1,
                     "rrl_math_7b.yaml": 1, "ppo_apps_deepseek_coder_6.7b.yaml": 1,
-                    "rrl_apps_deepseek_coder_6.7b.yaml": 1}
+                    "rrl_apps_deepseek_coder_6.7b.yaml": 1, "ppo_hh_llama2_7b.yaml": 1, "rrl_hh_llama2_7b.yaml": 1}
 
 
 def load(name: str, *overrides: str) -> dict:
@@ -243,3 +243,41 @@ def test_apps_recipes_are_the_math_setup_on_code():
     assert rrl["rrl"] == load("rrl_math_7b.yaml")["rrl"]
     assert {k: v for k, v in rrl.items() if k not in ("rrl", "method", "run")} == {
         k: v for k, v in ppo.items() if k not in ("rrl", "method", "run")}
+
+
+def test_hh_recipes_are_the_math_setup_on_hh_with_a_reward_model():
+    """RRL and its PPO baseline on HH-RLHF with Llama-2-7B: the paper's PPO settings of the math recipes, the
+    HH format, the reward model's raw score as the reward (NeMo-RL's RewardModelEnvironment, mapped from the
+    reward_model: block), training on 4 GPUs so the node's others hold the reward model, replay as RRL with
+    token states."""
+    from rise_nemo.backends.nemo.reward_model import reward_model_env_config
+
+    ppo, rrl, math = (load(n) for n in ("ppo_hh_llama2_7b.yaml", "rrl_hh_llama2_7b.yaml", "ppo_math_7b.yaml"))
+    assert (ppo["method"], rrl["method"]) == ("ppo", "rrl")
+    for tree in (ppo, rrl):
+        assert tree["data"]["format"] == "hh_rlhf" and tree["grpo"] == math["grpo"]
+        assert tree["reward"]["scorer"] == "reward_model" and tree["reward_model"]["normalize"] == "none"
+        assert tree["nemo"]["policy"]["model_name"] == "meta-llama/Llama-2-7b-hf"
+        assert tree["nemo"]["value"] == math["nemo"]["value"]
+        report = plan_recipe(tree)
+        assert report.layout.critic.model.name == "llama-2-7b" and report.layout.judge is None
+        env = reward_model_env_config(tree)
+        assert tree["nemo"]["cluster"]["gpus_per_node"] + env["resources"]["gpus_per_node"] <= 8
+        assert env["model_name"] == tree["reward_model"]["path"] and env["precision"] == "bfloat16"
+    assert {k: v for k, v in rrl["rrl"].items() if k != "granularity"} == {
+        k: v for k, v in load("rrl_math_7b.yaml")["rrl"].items() if k != "granularity"}
+    assert rrl["rrl"]["granularity"] == "token"
+    assert {k: v for k, v in rrl.items() if k not in ("rrl", "method", "run")} == {
+        k: v for k, v in ppo.items() if k not in ("rrl", "method", "run")}
+
+
+def test_hh_prompt_template_renders_hh_transcripts():
+    """The policy sees an HH dialogue exactly as the HH transcripts write it, ending with "Assistant:"."""
+    from jinja2 import Template
+
+    from rise_nemo.data.hh_rlhf import split_transcript
+
+    text = "\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: Tell me a joke\n\nAssistant: No."
+    prefix, messages, _ = split_transcript(text)
+    template = load("ppo_hh_llama2_7b.yaml")["nemo"]["policy"]["tokenizer"]["chat_template"]
+    assert Template(template).render(messages=list(messages), add_generation_prompt=True) == prefix

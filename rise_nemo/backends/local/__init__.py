@@ -63,3 +63,10 @@ def build_critic(cfg, policy: LocalPolicy, *, checkpoint=None) -> LocalCritic:
     """A LocalCritic on the policy's engine (a copy of its body + value head), lr ``ppo.critic_lr``; its
     state is restored by its ``load_checkpoint`` hook."""
     return LocalCritic(policy.engine, lr=float(cfg.ppo.critic_lr))
+
+
+def build_reward_model(cfg):
+    """The recipe's ``reward_model:`` block as a LocalRewardModel (CPU, in this process)."""
+    from rise_nemo.backends.local.reward_model import build_reward_model as build
+
+    return build(cfg)

@@ -116,6 +116,13 @@ def _policy_with_resume(policy_cls: Any, resume_dir: Path | None, **kwargs: Any)
     return policy_cls(**kwargs)
 
 
+def build_reward_model(cfg: Any):
+    """NeMo-RL's RewardModelEnvironment for the recipe's ``reward_model:`` block (backends.nemo.reward_model)."""
+    from rise_nemo.backends.nemo.reward_model import build_reward_model as build
+
+    return build(cfg)
+
+
 def build_critic(cfg: Any, policy: Any, *, checkpoint: str | Path | None = None):
     """A ``NemoCritic`` on NeMo-RL's ``Value`` for a recipe with a ``nemo.value`` block (PPO-style methods).
 

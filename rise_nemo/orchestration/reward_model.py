@@ -1,0 +1,97 @@
+"""The reward-model reward (docs/methods.md "Reward-model reward"): a registered scorer of the reasoning step,
+and the HH-RLHF verifier that evaluates against the dataset's chosen reply under the same reward model.
+
+  scorer ``reward_model``   every rollout's conversation (the problem's messages + the response as the final
+                            assistant turn) is scored by the run's Bradley-Terry reward model in ONE call per
+                            step; rewards = core.rewards.reward_model_rewards (offset, none | batch whitening,
+                            clip). A recipe picks it with ``reward.scorer: reward_model`` for any reasoning method
+                            (ppo / rrl / grpo): the method's step, advantages and hooks are unchanged. Metrics:
+                            ``rm/score_mean`` / ``rm/score_std`` (raw scores), ``rm/truncated``. Problems with
+                            a reference reply (HH's chosen turn) have it scored in the same call: a rollout
+                            scored above it "solved" its problem (``StepScores.solved``: RRL's "correct",
+                            Algorithm 1 lines 9 and 14; ``rm/beats_reference``).
+  ``PreferenceVerifier``    the reasoning step's verifier for ``data.format: hh_rlhf``: a response "passes" when
+                            the reward model scores it above the problem's reference reply (HH's chosen turn), so
+                            pass@1 during training is the reward model's win rate against the chosen replies.
+                            The pairwise LLM-judge evaluation is the ``hh_win_rate`` suite (rise_nemo.evals).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rise_nemo.core.problem import ReasoningProblem
+from rise_nemo.core.rewards import reward_model_rewards
+from rise_nemo.interfaces import Rollout
+from rise_nemo.methods import register_scorer
+from rise_nemo.orchestration.exprl import StepScores
+
+SCORER = "reward_model"
+
+
+def conversation(problem: ReasoningProblem, response: str) -> list[dict[str, str]]:
+    """The dialogue a reward model scores: the problem's messages, then the response as the assistant's turn."""
+    return [dict(m) for m in problem.messages] + [{"role": "assistant", "content": response}]
+
+
+def require_reward_model(reward_model: Any, what: str) -> Any:
+    if reward_model is None:
+        raise ValueError(f"config key 'reward_model.path': {what} needs a reward model; set reward_model.path")
+    return reward_model
+
+
+@register_scorer(SCORER)
+def reward_model_scores(ctx: Any, problems: Sequence[ReasoningProblem],
+                        groups: Sequence[Sequence[Rollout]]) -> StepScores:
+    """The reward model's score of every rollout (module docstring); every rollout is valid."""
+    rm = require_reward_model(getattr(ctx, "reward_model", None), "reward.scorer=reward_model")
+    block = ctx.cfg.reward_model
+    n, g = len(groups), max((len(x) for x in groups), default=0)
+    convs = [conversation(p, r.response_text) for p, group in zip(problems, groups) for r in group]
+    # The problems' reference replies (HH: the chosen turn) in the same call: "solved" = scored above it.
+    refs = [conversation(p, p.reference_solution) for p in problems] if all(
+        p.reference_solution for p in problems) else []
+    truncated_before = int(getattr(rm, "truncated", 0))
+    flat = rm.score(convs + refs) if convs else []
+    if len(flat) != len(convs) + len(refs):
+        raise RuntimeError(f"reward model returned {len(flat)} scores for {len(convs) + len(refs)} conversations")
+    scores, valid = torch.zeros(n, g), torch.zeros(n, g, dtype=torch.bool)
+    pos = 0
+    for i, group in enumerate(groups):
+        for j in range(len(group)):
+            scores[i, j], valid[i, j] = float(flat[pos]), True
+            pos += 1
+    rewards = reward_model_rewards(scores, valid, offset=float(block.offset), normalize=str(block.normalize),
+                                   clip=block.clip)
+    raw = scores[valid]
+    metrics = {"rm/score_mean": float(raw.mean()) if raw.numel() else None,
+               "rm/score_std": float(raw.std()) if raw.numel() > 1 else None,
+               "rm/truncated": int(getattr(rm, "truncated", 0)) - truncated_before}
+    solved = None
+    if refs:
+        ref_scores = torch.tensor([float(x) for x in flat[len(convs):]]).reshape(-1, 1)
+        solved = (scores > ref_scores) & valid
+        metrics["rm/reference_score_mean"] = float(ref_scores.mean())
+        metrics["rm/beats_reference"] = float(solved[valid].float().mean()) if bool(valid.any()) else None
+    return StepScores(rewards, valid, metrics=metrics, solved=solved)
+
+
+class PreferenceVerifier:
+    """interfaces.Verifier for HH-RLHF problems: ``True`` when the reward model prefers the response to the
+    problem's reference reply (``reference_solution``, HH's chosen turn); ties count as not preferred."""
+
+    def __init__(self, reward_model: Any):
+        self.reward_model = require_reward_model(reward_model, "data.format=hh_rlhf (its verifier)")
+
+    def verify(self, problems: Sequence[ReasoningProblem], responses: Sequence[str]) -> list[bool | None]:
+        convs = [conversation(p, r) for p, r in zip(problems, responses)]
+        refs = [conversation(p, p.reference_solution) for p in problems]
+        scores = self.reward_model.score(convs + refs) if convs else []
+        k = len(convs)
+        return [bool(scores[i] > scores[k + i]) for i in range(k)]
+
+    def close(self) -> None:
+        self.reward_model.close()
