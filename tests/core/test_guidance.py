@@ -9,6 +9,7 @@ import torch
 from rise_nemo.core.guidance import (
     FailureGate,
     GuidanceOptions,
+    PreviousFailures,
     budget_targets,
     length_ok,
     no_regression_retention,
@@ -178,3 +179,19 @@ def test_budget_keeps_the_most_failing_prompts_up_to_the_budget():
     assert budget_targets([], 32, 8, 0.5) == []
     with pytest.raises(ValueError, match="budget"):
         budget_targets(priorities, 32, 8, 0.0)
+
+
+def test_previous_failures_hint_the_last_visits_criteria_and_mark_first_visits():
+    """Rule 6: a recorded prompt is hinted with what its PREVIOUS visit recorded (the latest record wins);
+    one recorded with no failures gets no hint; an unrecorded one is a first visit (two-pass fallback)."""
+    mem = PreviousFailures()
+    assert mem.plan(["a", "b"]) == ({}, [0, 1])
+    mem.record("a", [3, 1])
+    mem.record("b", [])
+    mem.record("c", [2])
+    mem.record("c", [0, 4])  # a later visit replaces the earlier one
+    assert mem.plan(["b", "a", "d", "c"]) == ({1: [3, 1], 3: [0, 4]}, [2])
+    again = PreviousFailures()
+    again.load_state_dict(mem.state_dict())
+    assert again.plan(["b", "a", "d", "c"]) == mem.plan(["b", "a", "d", "c"])
+    assert again.state_dict() == {"hints": {"a": [3, 1], "b": [], "c": [0, 4]}}
