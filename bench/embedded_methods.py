@@ -191,14 +191,7 @@ def main() -> int:
             print(f"  {method:<16} seed {seed}: AUC ratio {ratio:.3f}  reward gain "
                   f"{row['final_reward'] - rub['final_reward']:+.4f}  negative rate {row['negative_rate']:.4f} "
                   f"vs {rub['negative_rate']:.4f}")
-    ratios, gains, neg_gaps = [], [], []
-    for seed in args.seeds:
-        rise, rub = by.get(("rise", seed)), by.get(("rubric_rl", seed))
-        if rise is None or rub is None:
-            continue
-        ratios.append(rise["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf"))
-        gains.append(rise["final_reward"] - rub["final_reward"])
-        neg_gaps.append(rise["negative_rate"] - rub["negative_rate"])
+    ratios, gains, neg_gaps = vs_rubric(by, "rise", args.seeds)
     for method in args.methods:
         rows = [r for r in results if r["method"] == method]
         print(f"  mean over seeds {method:<16} AUC {statistics.mean(r['auc'] for r in rows):.4f}  final reward "
@@ -221,20 +214,28 @@ def main() -> int:
     return 0
 
 
+def vs_rubric(by: dict, method: str, seeds) -> tuple[list[float], list[float], list[float]]:
+    """Per seed with both runs: AUC ratio, final reward gain and negative-rate gap of ``method`` vs Rubric-RL."""
+    ratios, gains, neg_gaps = [], [], []
+    for seed in seeds:
+        row, rub = by.get((method, seed)), by.get(("rubric_rl", seed))
+        if row is None or rub is None:
+            continue
+        ratios.append(row["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf"))
+        gains.append(row["final_reward"] - rub["final_reward"])
+        neg_gaps.append(row["negative_rate"] - rub["negative_rate"])
+    return ratios, gains, neg_gaps
+
+
 def onepass_fields(args, by: dict) -> str:
     """The rise_onepass row's RESULT fields: vs Rubric-RL (worst seed, like the RISE-RL fields), vs the
     two-pass default (AUC difference paired by seed: mean and sd, to compare with the seed noise), and its
     guided-phase step-time ratios (onepass_step_ratios)."""
-    auc, gain, neg, diff = [], [], [], []
+    auc, gain, neg = vs_rubric(by, "rise_onepass", args.seeds)
+    diff = []
     for seed in args.seeds:
-        one, rub, two = by.get(("rise_onepass", seed)), by.get(("rubric_rl", seed)), by.get(("rise", seed))
-        if one is None:
-            continue
-        if rub is not None:
-            auc.append(one["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf"))
-            gain.append(one["final_reward"] - rub["final_reward"])
-            neg.append(one["negative_rate"] - rub["negative_rate"])
-        if two is not None:
+        one, two = by.get(("rise_onepass", seed)), by.get(("rise", seed))
+        if one is not None and two is not None:
             diff.append(one["auc"] - two["auc"])
             print(f"  one-pass vs two-pass seed {seed}: AUC {one['auc']:.4f} vs {two['auc']:.4f}  final reward "
                   f"{one['final_reward']:.4f} vs {two['final_reward']:.4f}  negative rate "
