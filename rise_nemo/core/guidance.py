@@ -78,7 +78,7 @@ class GuidanceOptions:
     gate_ema: float  # weight of the previous EMA value (0 = the current group only)
     gate_threshold: float  # EMA failure share a feedback criterion needs to be hinted
     privileged_budget: float | None  # most privileged rollouts per step / natural rollouts; None = off
-    one_pass: bool = False  # rule 6: hints from the previous visit, privileged rollouts in the natural call
+    one_pass: bool  # rule 6: hints from the previous visit, privileged rollouts in the natural call
 
     def paper(self) -> GuidanceOptions:
         """These options with every extension off (the parameters of an off rule are never read)."""

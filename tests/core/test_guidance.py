@@ -147,10 +147,11 @@ def test_token_span_mask_excludes_exactly_the_overlapping_tokens():
 
 def test_paper_faithful_switches_everything_off_and_templates():
     on = GuidanceOptions(no_regression="hard", keep_threshold=0.5, mask_penalised_spans=True, span_unit="sentence",
-                         max_length_ratio=1.2, gate=True, gate_ema=0.5, gate_threshold=0.75, privileged_budget=0.5)
+                         max_length_ratio=1.2, gate=True, gate_ema=0.5, gate_threshold=0.75, privileged_budget=0.5,
+                         one_pass=True)
     paper = on.with_paper(True)
     assert (paper.no_regression, paper.mask_penalised_spans, paper.max_length_ratio, paper.gate,
-            paper.privileged_budget) == ("none", False, None, False, None)  # every rule off
+            paper.privileged_budget, paper.one_pass) == ("none", False, None, False, None, False)  # every rule off
     assert on.with_paper(False) == on
     assert hint_templates("paper") == GUIDANCE_TEMPLATES
     assert hint_templates("length_neutral") == LENGTH_NEUTRAL_TEMPLATES
