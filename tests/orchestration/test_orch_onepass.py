@@ -148,3 +148,22 @@ def test_resume_inside_the_one_pass_phase_is_exact(tmp_path, make_trainer):
     assert _reproducible(a) == _reproducible(b)
     assert _evals(full) == _evals(parts)
     assert sum(m["guidance/one_pass_prompts"] for m in a[4:]) > 0  # the resumed steps used the restored hints
+
+
+def test_one_pass_resumes_exactly_through_the_cli(tmp_path, tiny_tokenizer):
+    """The recipe key through the real CLI path (YAML, validation, build_trainer, checkpoint, --stop-after,
+    resume), as tests/test_method_registry.py runs a method."""
+    from rise_nemo.cli import main
+
+    blocks = {"rise": {"lambda_guide": 0.2, "guidance_pass": "one", "schedule": {"mode": "fixed", "switch_step": 7}},
+              "train": {"steps": 5, "checkpoint_every": 2, "progress": False, "keep_checkpoints": 0},
+              "eval": {"every": 0, "at_start": False, "samples_per_prompt": 8}}
+    full = tiny_task.write_recipe(tmp_path / "a", tiny_tokenizer, tmp_path / "full", **blocks)
+    parts = tiny_task.write_recipe(tmp_path / "b", tiny_tokenizer, tmp_path / "parts", **blocks)
+    assert main(["train", "--config", str(full)]) == 0
+    assert main(["train", "--config", str(parts), "--stop-after", "4"]) == 0
+    assert [m["step"] for m in read_metrics(tmp_path / "parts")] == [1, 2, 3, 4]
+    assert main(["train", "--config", str(parts)]) == 0
+    a, b = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "parts")
+    assert _reproducible(a) == _reproducible(b)
+    assert a[4]["guidance/one_pass_prompts"] > 0  # step 5, after the resume, was hinted from restored state
