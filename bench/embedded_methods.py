@@ -9,9 +9,15 @@ for both), and ends with
 
     RESULT auc_ratio=<RISE/Rubric, worst seed> reward_gain=<RISE-Rubric final reward, worst seed> seeds=<n>
            step_ratio_guided=<x> step_ratio_after=<x> negative_gap=<RISE-Rubric final negative rate, worst seed>
+           [with the rise_onepass row: onepass_auc_ratio=<x> onepass_reward_gain=<x> onepass_negative_gap=<x>
+            onepass_auc_diff=<one-pass - two-pass AUC, mean over seeds> onepass_auc_diff_sd=<its sd over seeds>
+            step_ratio_guided_onepass=<revisited steps> step_ratio_guided_onepass_first=<first visits>]
 
 Rows ``rise_paper`` and ``rise+<option>`` are the ablations of our extensions (docs/DESIGN.md §2; see
 VARIANTS); ``rise`` is RISE-RL with the project's defaults, the method the RESULT line reports.
+``rise_onepass`` is ``rise`` with one-pass guidance (rise.guidance_pass=one, core.guidance rule 6): its step
+time is measured interleaved with Rubric-RL over one epoch of first visits (the two-pass fallback) and then
+``--timing-steps`` revisited steps (one generate call each).
 
 Usage: python bench/embedded_methods.py [--steps 24] [--eval-every 2] [--seeds 0 1 2] [--out DIR]
 The warm start is shared by all runs (cached under data.warm_start_cache); seeds change the sampling
@@ -59,6 +65,8 @@ VARIANTS = {
     "rise+mask+lambda1": ("rise", [*_PAPER, "rise.retention.mask_penalised_spans=true", "rise.lambda_guide=1.0"]),
     "rise+mask+noreg_hard+lambda1": ("rise", [*_PAPER, "rise.retention.mask_penalised_spans=true",
                                               "rise.retention.no_regression=hard", "rise.lambda_guide=1.0"]),
+    # The project's defaults with one-pass guidance (our option, not the paper's; docs/DESIGN.md §2).
+    "rise_onepass": ("rise", ["rise.guidance_pass=one", "++local.generation_batch_size=128"]),
 }
 
 
@@ -107,28 +115,52 @@ def train_one(method: str, seed: int, args) -> dict:
             "wall_s": time.perf_counter() - t0, "run_dir": str(run_dir)}
 
 
-def step_time_ratios(args) -> tuple[float, float, dict]:
-    """Interleave RISE-RL and Rubric-RL steps in one process: median step time of each, guided phase
-    (steps before the switch) and after it."""
+def interleaved_step_times(args, methods: tuple[str, ...], steps: int, switch_step: int) -> dict[str, list[float]]:
+    """Train ``methods`` side by side in one process, one step of each in turn (same machine load for all);
+    returns each method's step times."""
     from rise_nemo.orchestration.run import build_trainer
     from rise_nemo.orchestration.step import train_step
     from rise_nemo.orchestration.trainer import seed_everything
 
-    n = args.timing_steps
-    extra = [f"rise.schedule.switch_step={n + 1}", f"train.steps={2 * n}", "eval.at_start=false", "eval.every=0"]
-    trainers = {m: build_trainer(config(m, 0, Path(args.out) / f"timing_{m}", args, extra))
-                for m in ("rubric_rl", "rise")}
+    extra = [f"rise.schedule.switch_step={switch_step}", f"train.steps={steps}", "eval.at_start=false", "eval.every=0"]
+    trainers = {m: build_trainer(config(m, 0, Path(args.out) / f"timing_{m}", args, extra)) for m in methods}
     seed_everything(0)
-    times: dict[str, list[float]] = {"rubric_rl": [], "rise": []}
-    for step in range(1, 2 * n + 1):
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    for step in range(1, steps + 1):
         for method, tr in trainers.items():
             t0 = time.perf_counter()
             train_step(tr.ctx, tr.sampler.next_batch(), step)
             times[method].append(time.perf_counter() - t0)
+    return times
+
+
+def _median_ratio(times: dict[str, list[float]], method: str, lo: int, hi: int) -> float:
+    return statistics.median(times[method][lo:hi]) / statistics.median(times["rubric_rl"][lo:hi])
+
+
+def step_time_ratios(args) -> tuple[float, float, dict]:
+    """Interleave RISE-RL and Rubric-RL steps in one process: median step time of each, guided phase
+    (steps before the switch) and after it."""
+    n = args.timing_steps
+    times = interleaved_step_times(args, ("rubric_rl", "rise"), 2 * n, n + 1)
     # The first step of each phase pays one-off costs (allocator warm-up): drop it from both phases.
-    guided = statistics.median(times["rise"][1:n]) / statistics.median(times["rubric_rl"][1:n])
-    after = statistics.median(times["rise"][n + 1:]) / statistics.median(times["rubric_rl"][n + 1:])
-    return guided, after, times
+    return _median_ratio(times, "rise", 1, n), _median_ratio(times, "rise", n + 1, 2 * n), times
+
+
+def onepass_step_ratios(args) -> tuple[float, float, dict]:
+    """One-pass guidance vs Rubric-RL, interleaved, all steps guided: the first epoch visits every training
+    prompt for the first time (the two-pass fallback), then ``--timing-steps`` revisited steps make one
+    generate call each. Returns (median of the per-step ratios over the revisited steps, over the first
+    epoch except its first step, times). Per-step ratios, not a ratio of medians: the run is twice as long
+    as step_time_ratios' phases, and a change of machine load inside it must cancel step by step."""
+    from rise_nemo.orchestration.data import load_prompts
+
+    cfg = config("rise_onepass", 0, Path(args.out) / "timing_rise_onepass", args)
+    epoch = -(-len(load_prompts(cfg)[0]) // int(cfg.grpo.prompts_per_step))  # steps per epoch
+    n = args.timing_steps
+    times = interleaved_step_times(args, ("rubric_rl", "rise_onepass"), epoch + n, epoch + n + 1)
+    ratios = [a / b for a, b in zip(times["rise_onepass"], times["rubric_rl"])]
+    return statistics.median(ratios[epoch:]), statistics.median(ratios[1:epoch]), {**times, "epoch": epoch}
 
 
 def main() -> int:
@@ -160,14 +192,7 @@ def main() -> int:
             print(f"  {method:<16} seed {seed}: AUC ratio {ratio:.3f}  reward gain "
                   f"{row['final_reward'] - rub['final_reward']:+.4f}  negative rate {row['negative_rate']:.4f} "
                   f"vs {rub['negative_rate']:.4f}")
-    ratios, gains, neg_gaps = [], [], []
-    for seed in args.seeds:
-        rise, rub = by.get(("rise", seed)), by.get(("rubric_rl", seed))
-        if rise is None or rub is None:
-            continue
-        ratios.append(rise["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf"))
-        gains.append(rise["final_reward"] - rub["final_reward"])
-        neg_gaps.append(rise["negative_rate"] - rub["negative_rate"])
+    ratios, gains, neg_gaps = vs_rubric(by, "rise", args.seeds)
     for method in args.methods:
         rows = [r for r in results if r["method"] == method]
         print(f"  mean over seeds {method:<16} AUC {statistics.mean(r['auc'] for r in rows):.4f}  final reward "
@@ -180,13 +205,54 @@ def main() -> int:
         print(f"\nstep time (median, interleaved in one process): guided phase RISE/Rubric {guided:.3f}, "
               f"after the switch {after:.3f}")
         (Path(args.out) / "timing.json").write_text(json.dumps(times))
+    onepass = onepass_fields(args, by) if "rise_onepass" in args.methods else ""
     worst_ratio = min(ratios) if ratios else float("nan")
     worst_gain = min(gains) if gains else float("nan")
     worst_neg = max(neg_gaps) if neg_gaps else float("nan")
     # negative_gap: RISE-RL's final negative-criterion rate minus Rubric-RL's, worst seed (target <= 0)
     print(f"RESULT auc_ratio={worst_ratio:.3f} reward_gain={worst_gain:+.4f} seeds={len(ratios)} "
-          f"step_ratio_guided={guided:.3f} step_ratio_after={after:.3f} negative_gap={worst_neg:+.4f}")
+          f"step_ratio_guided={guided:.3f} step_ratio_after={after:.3f} negative_gap={worst_neg:+.4f}{onepass}")
     return 0
+
+
+def vs_rubric(by: dict, method: str, seeds) -> tuple[list[float], list[float], list[float]]:
+    """Per seed with both runs: AUC ratio, final reward gain and negative-rate gap of ``method`` vs Rubric-RL."""
+    ratios, gains, neg_gaps = [], [], []
+    for seed in seeds:
+        row, rub = by.get((method, seed)), by.get(("rubric_rl", seed))
+        if row is None or rub is None:
+            continue
+        ratios.append(row["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf"))
+        gains.append(row["final_reward"] - rub["final_reward"])
+        neg_gaps.append(row["negative_rate"] - rub["negative_rate"])
+    return ratios, gains, neg_gaps
+
+
+def onepass_fields(args, by: dict) -> str:
+    """The rise_onepass row's RESULT fields: vs Rubric-RL (worst seed, like the RISE-RL fields), vs the
+    two-pass default (AUC difference paired by seed: mean and sd, to compare with the seed noise), and its
+    guided-phase step-time ratios (onepass_step_ratios)."""
+    auc, gain, neg = vs_rubric(by, "rise_onepass", args.seeds)
+    diff = []
+    for seed in args.seeds:
+        one, two = by.get(("rise_onepass", seed)), by.get(("rise", seed))
+        if one is not None and two is not None:
+            diff.append(one["auc"] - two["auc"])
+            print(f"  one-pass vs two-pass seed {seed}: AUC {one['auc']:.4f} vs {two['auc']:.4f}  final reward "
+                  f"{one['final_reward']:.4f} vs {two['final_reward']:.4f}  negative rate "
+                  f"{one['negative_rate']:.4f} vs {two['negative_rate']:.4f}")
+    revisit = first = float("nan")
+    if args.timing_steps > 0:
+        revisit, first, times = onepass_step_ratios(args)
+        print(f"step time (median per-step ratio, interleaved): one-pass/Rubric {revisit:.3f} on revisited steps "
+              f"(one generate call), {first:.3f} on the first epoch's {times['epoch']} steps (two-pass fallback)")
+        (Path(args.out) / "timing_onepass.json").write_text(json.dumps(times))
+    nan = float("nan")
+    return (f" onepass_auc_ratio={min(auc, default=nan):.3f} onepass_reward_gain={min(gain, default=nan):+.4f}"
+            f" onepass_negative_gap={max(neg, default=nan):+.4f}"
+            f" onepass_auc_diff={statistics.mean(diff) if diff else nan:+.4f}"
+            f" onepass_auc_diff_sd={statistics.stdev(diff) if len(diff) > 1 else nan:.4f}"
+            f" step_ratio_guided_onepass={revisit:.3f} step_ratio_guided_onepass_first={first:.3f}")
 
 
 if __name__ == "__main__":

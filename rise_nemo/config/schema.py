@@ -101,6 +101,10 @@ class RiseCfg:
     retention: RetentionCfg = field(default_factory=RetentionCfg)
     gate: GateCfg = field(default_factory=GateCfg)
     hints: Literal["paper", "length_neutral"] = "paper"  # guidance templates (rise_nemo.core.prompts)
+    # When the guided phase samples privileged rollouts (rise_nemo.core.guidance rule 6): ``two`` = the paper
+    # (hint from this step's natural group, a second generate call); ``one`` = hint from the prompt's previous
+    # visit, privileged rollouts in the natural call (first visits fall back to two). Off when paper_faithful.
+    guidance_pass: Literal["two", "one"] = "two"
 
 
 @dataclass

@@ -26,6 +26,12 @@ extension, not the paper's; ``options.paper()`` switches every rule off.
    most (gate on: the largest EMA failure share; off: the current group's) keep their G' rollouts, the
    rest get none this step (``budget_targets``). Early in training nearly every prompt fails its
    persistent criteria, so this is where the paper's guided step costs most.
+6. One-pass guidance (``PreviousFailures``). A prompt's hints are the feedback criteria (eqs. 4-5, after
+   rule 3) of its PREVIOUS visit, so its privileged rollouts can be sampled in the same generate call as
+   its natural ones; a prompt seen for the first time falls back to the paper's two passes. Criteria the
+   policy keeps missing are by definition the ones it missed last time; what changes is only WHICH
+   criteria are hinted (the previous group's) and WHEN the privileged rollouts are generated. Eqs. 7-11
+   (scoring under the original prompt, the filter, policy-support weights, the guide loss) are unchanged.
 
 All functions are pure (no I/O); shapes are documented per function.
 """
@@ -49,6 +55,7 @@ __all__ = [
     "length_ok",
     "FailureGate",
     "budget_targets",
+    "PreviousFailures",
     "sentence_span",
     "quote_spans",
     "token_span_mask",
@@ -71,11 +78,12 @@ class GuidanceOptions:
     gate_ema: float  # weight of the previous EMA value (0 = the current group only)
     gate_threshold: float  # EMA failure share a feedback criterion needs to be hinted
     privileged_budget: float | None  # most privileged rollouts per step / natural rollouts; None = off
+    one_pass: bool  # rule 6: hints from the previous visit, privileged rollouts in the natural call
 
     def paper(self) -> GuidanceOptions:
         """These options with every extension off (the parameters of an off rule are never read)."""
         return replace(self, no_regression="none", mask_penalised_spans=False, max_length_ratio=None, gate=False,
-                       privileged_budget=None)
+                       privileged_budget=None, one_pass=False)
 
     def with_paper(self, paper_faithful: bool) -> GuidanceOptions:
         return self.paper() if paper_faithful else replace(self)
@@ -202,6 +210,40 @@ def budget_targets(priorities: Sequence[float], n_natural: int, group_priv: int,
     most = max(1, int(budget * n_natural // group_priv + 1e-9))
     ranked = sorted(range(len(priorities)), key=lambda i: (-float(priorities[i]), i))
     return sorted(ranked[:most])
+
+
+class PreviousFailures:
+    """Rule 6 (one-pass guidance): per prompt, the rubric indices its hint named at its previous visit.
+
+    ``plan(prompt_ids)`` -> (hinted, first_visit): hinted maps a position in ``prompt_ids`` to the
+    previous visit's criteria (non-empty only: a prompt that failed nothing last time gets no privileged
+    rollouts), first_visit lists the positions of prompts never recorded (the two-pass fallback).
+    ``record(prompt_id, indices)`` stores this visit's feedback for the next one. The state is plain JSON
+    (``state_dict`` / ``load_state_dict``) so a resumed run hints exactly as the uninterrupted one.
+    """
+
+    def __init__(self) -> None:
+        self.hints: dict[str, list[int]] = {}
+
+    def plan(self, prompt_ids: Sequence[str]) -> tuple[dict[int, list[int]], list[int]]:
+        hinted: dict[int, list[int]] = {}
+        first_visit: list[int] = []
+        for i, pid in enumerate(prompt_ids):
+            previous = self.hints.get(pid)
+            if previous is None:
+                first_visit.append(i)
+            elif previous:
+                hinted[i] = list(previous)
+        return hinted, first_visit
+
+    def record(self, prompt_id: str, indices: Sequence[int]) -> None:
+        self.hints[prompt_id] = [int(k) for k in indices]
+
+    def state_dict(self) -> dict:
+        return {"hints": {k: list(v) for k, v in self.hints.items()}}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.hints = {str(k): [int(x) for x in v] for k, v in dict(state.get("hints", {})).items()}
 
 
 _SENTENCE_END = re.compile(r"[.!?\n]")

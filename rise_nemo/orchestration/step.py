@@ -32,6 +32,7 @@ from rise_nemo.core.advantages import (
 from rise_nemo.core.guidance import (
     FailureGate,
     GuidanceOptions,
+    PreviousFailures,
     budget_targets,
     length_ok,
     no_regression_retention,
@@ -92,6 +93,7 @@ def guidance_options(cfg: Any) -> GuidanceOptions:
         max_length_ratio=None if r.max_length_ratio is None else float(r.max_length_ratio),
         gate=bool(g.enabled), gate_ema=float(g.ema), gate_threshold=float(g.threshold),
         privileged_budget=None if g.budget is None else float(g.budget),
+        one_pass=str(rise.guidance_pass) == "one",
     )
     return opts.with_paper(bool(rise.paper_faithful))
 
@@ -118,22 +120,33 @@ class StepContext:
     _prompt_ids: dict[str, list[int]] = field(default_factory=dict)
     options: GuidanceOptions | None = None  # None -> from cfg.rise (guidance_options)
     gate: FailureGate | None = None  # adaptive gating state (checkpointed by the trainer)
+    previous: PreviousFailures | None = None  # one-pass guidance: hints of each prompt's previous visit
 
     def __post_init__(self) -> None:
         if self.options is None:
             self.options = guidance_options(self.cfg)
         if self.gate is None and self.options.gate:
             self.gate = FailureGate(self.options.gate_ema, self.options.gate_threshold)
+        if self.options.one_pass and self.options.privileged_budget is not None:
+            from rise_nemo.config import ConfigError
+
+            raise ConfigError("config keys 'rise.guidance_pass' and 'rise.gate.budget': one-pass guidance does not "
+                              "take a privileged budget (set rise.guidance_pass=two or rise.gate.budget=null)")
+        if self.previous is None and self.options.one_pass:
+            self.previous = PreviousFailures()
 
     # The trainer's view of the method's own state (rise_nemo.methods.StepState).
     def state_dict(self) -> dict[str, Any]:
         return {"schedule": self.schedule.state_dict(),
-                "gate": self.gate.state_dict() if self.gate is not None else None}  # adaptive guidance gating
+                "gate": self.gate.state_dict() if self.gate is not None else None,  # adaptive guidance gating
+                "previous_failures": self.previous.state_dict() if self.previous is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.schedule.load_state_dict(state["schedule"])
         if self.gate is not None and state.get("gate") is not None:
             self.gate.load_state_dict(state["gate"])
+        if self.previous is not None and state.get("previous_failures") is not None:
+            self.previous.load_state_dict(state["previous_failures"])
 
     def summary(self, step: int) -> dict[str, Any]:
         """The guidance switch, only if it happened (a fixed schedule past the last step is not reported)."""
@@ -186,8 +199,12 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
     t_start = time.perf_counter()
     guided_phase = ctx.method.guidance and bool(ctx.schedule.active)
     lam = float(ctx.schedule.lambda_at(step)) if ctx.method.guidance else 0.0
+    # One-pass guidance (core.guidance rule 6): prompts seen before are hinted with their previous visit's
+    # feedback and sampled in the natural generate call; first visits take the paper's two passes below.
+    one_pass = guided_phase and ctx.previous is not None
+    early, first_visit = ctx.previous.plan([p.prompt_id for p in prompts]) if one_pass else ({}, [])
 
-    natural = sample_natural(ctx, prompts, step)  # [N][G] rollouts
+    natural, early_rollouts = sample_natural_and_hinted(ctx, prompts, early, step)  # [N][G], {i: [G']}
     nat = ctx.method.scorer_fn()(ctx, prompts, natural)  # rewards/valid [N, G]
     nat_adv = ctx.method.advantage_fn()(ctx, nat)  # eq. 1, [N, G]
     t_natural = time.perf_counter()
@@ -201,9 +218,16 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
         if ctx.options.privileged_budget is not None:
             feedback, budget_stats = budget_feedback(ctx, prompts, nat, feedback)
             guide_gate_stats.update(budget_stats)
+        if one_pass:
+            for p, ks in zip(prompts, feedback):
+                ctx.previous.record(p.prompt_id, ks)  # the next visit's hints
+            feedback = [early.get(i, []) if i not in first_visit else ks for i, ks in enumerate(feedback)]
+            guide_gate_stats["guidance/one_pass_prompts"] = len(early)
+            guide_gate_stats["guidance/two_pass_prompts"] = sum(1 for i in first_visit if feedback[i])
         feedback = [[p.rubric.criteria[k] for k in ks] for p, ks in zip(prompts, feedback)]
         targets = [i for i, crit in enumerate(feedback) if crit]
-        priv = sample_privileged(ctx, prompts, feedback, targets, step)  # eq. 6, judged on the ORIGINAL rubric
+        # eq. 6, judged on the ORIGINAL rubric; one-pass: only the first visits are sampled here
+        priv = sample_privileged(ctx, prompts, feedback, targets, step, early_rollouts)
     t_priv = time.perf_counter()
 
     samples = natural_samples(ctx, prompts, natural, nat, nat_adv)
@@ -244,6 +268,36 @@ def sampling_params(cfg: Any, step: int, stream: int) -> SamplingParams:
         top_p=float(cfg.grpo.top_p),
         seed=derive_seed(int(cfg.run.seed), step, stream),
     )
+
+
+def sample_natural_and_hinted(
+    ctx: StepContext, prompts: Sequence[RubricPrompt], hints: dict[int, list[int]], step: int
+) -> tuple[list[list[Rollout]], dict[int, list[Rollout]]]:
+    """The natural rollouts and, for one-pass guidance, the privileged rollouts of the prompts in ``hints``
+    (position -> rubric indices of the previous visit's feedback) in the SAME generate call (on NeMo-RL: one
+    vLLM request batch). Returns ([N][G] natural, {position: G' privileged})."""
+    if not hints:
+        return sample_natural(ctx, prompts, step), {}
+    g, g_priv = int(ctx.cfg.grpo.group_size), privileged_group_size(ctx.cfg)
+    order = sorted(hints)
+    hinted = hinted_prompts(ctx, prompts, {i: [prompts[i].rubric.criteria[k] for k in hints[i]] for i in order}, order)
+    groups = generate_groups(ctx.generator, [(list(p.messages), g) for p in prompts] + [(h, g_priv) for h in hinted],
+                             sampling_params(ctx.cfg, step, STREAM_NATURAL))
+    return groups[: len(prompts)], dict(zip(order, groups[len(prompts):]))
+
+
+def generate_groups(generator: Generator, requests: Sequence[tuple[list[dict], int]],
+                    params: SamplingParams) -> list[list[Rollout]]:
+    """ONE generate call for (conversation, n) requests whose n may differ: [len(requests)][n]."""
+    sizes = {n for _, n in requests}
+    if len(sizes) == 1:
+        return generator.generate([c for c, _ in requests], sizes.pop(), params)
+    flat = generator.generate([c for c, n in requests for _ in range(n)], 1, params)
+    out, pos = [], 0
+    for _, n in requests:
+        out.append([row[0] for row in flat[pos : pos + n]])
+        pos += n
+    return out
 
 
 def sample_natural(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> list[list[Rollout]]:
@@ -379,24 +433,40 @@ def budget_feedback(
             share = failure_matrix(valid_verdicts(nat.verdicts[i], nat.valid[i]), prompt.rubric.weights).float().mean(0).tolist()
         candidates.append(i)
         priorities.append(max(share[k] for k in chosen))
-    g_priv = int(ctx.cfg.rise.privileged_group_size or ctx.cfg.grpo.group_size)
+    g_priv = privileged_group_size(ctx.cfg)
     kept = {candidates[j] for j in budget_targets(priorities, int(nat.rewards.numel()), g_priv,
                                                   ctx.options.privileged_budget)}
     out = [chosen if i in kept else [] for i, chosen in enumerate(feedback)]
     return out, {"guidance/budget_dropped_prompts": len(candidates) - len(kept)}
 
 
+def privileged_group_size(cfg: Any) -> int:
+    """G' (rise.privileged_group_size, default grpo.group_size)."""
+    return int(cfg.rise.privileged_group_size or cfg.grpo.group_size)
+
+
+def hinted_prompts(ctx: StepContext, prompts: Sequence[RubricPrompt], feedback: Any, targets: Sequence[int]
+                   ) -> list[list[dict]]:
+    """Eq. 6 for each target: its conversation with a hint naming ``feedback[i]`` (a random template)."""
+    templates = hint_templates(hint_style(ctx.cfg))
+    return [build_privileged_prompt(list(prompts[i].messages), feedback[i], ctx.rng, templates) for i in targets]
+
+
 def sample_privileged(
-    ctx: StepContext, prompts: Sequence[RubricPrompt], feedback: list[list[Criterion]], targets: list[int], step: int
+    ctx: StepContext, prompts: Sequence[RubricPrompt], feedback: list[list[Criterion]], targets: list[int], step: int,
+    sampled: dict[int, list[Rollout]] | None = None,
 ) -> Scored | None:
-    """G' rollouts per target prompt under its privileged prompt (eq. 6), judged on the ORIGINAL rubric."""
+    """G' rollouts per target prompt under its privileged prompt (eq. 6), judged on the ORIGINAL rubric.
+    ``sampled``: targets whose privileged rollouts one-pass guidance already drew with the natural ones."""
     if not targets:
         return None
-    g_priv = int(ctx.cfg.rise.privileged_group_size or ctx.cfg.grpo.group_size)
-    templates = hint_templates(hint_style(ctx.cfg))
-    hinted = [build_privileged_prompt(list(prompts[i].messages), feedback[i], ctx.rng, templates) for i in targets]
-    rollouts = ctx.generator.generate(hinted, g_priv, sampling_params(ctx.cfg, step, STREAM_PRIVILEGED))
-    return judge_and_score(ctx, [prompts[i] for i in targets], rollouts)
+    sampled = sampled or {}
+    rest = [i for i in targets if i not in sampled]
+    if rest:
+        rollouts = ctx.generator.generate(hinted_prompts(ctx, prompts, feedback, rest), privileged_group_size(ctx.cfg),
+                                          sampling_params(ctx.cfg, step, STREAM_PRIVILEGED))
+        sampled = {**sampled, **dict(zip(rest, rollouts))}
+    return judge_and_score(ctx, [prompts[i] for i in targets], [sampled[i] for i in targets])
 
 
 def natural_samples(

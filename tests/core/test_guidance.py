@@ -9,6 +9,7 @@ import torch
 from rise_nemo.core.guidance import (
     FailureGate,
     GuidanceOptions,
+    PreviousFailures,
     budget_targets,
     length_ok,
     no_regression_retention,
@@ -146,10 +147,11 @@ def test_token_span_mask_excludes_exactly_the_overlapping_tokens():
 
 def test_paper_faithful_switches_everything_off_and_templates():
     on = GuidanceOptions(no_regression="hard", keep_threshold=0.5, mask_penalised_spans=True, span_unit="sentence",
-                         max_length_ratio=1.2, gate=True, gate_ema=0.5, gate_threshold=0.75, privileged_budget=0.5)
+                         max_length_ratio=1.2, gate=True, gate_ema=0.5, gate_threshold=0.75, privileged_budget=0.5,
+                         one_pass=True)
     paper = on.with_paper(True)
     assert (paper.no_regression, paper.mask_penalised_spans, paper.max_length_ratio, paper.gate,
-            paper.privileged_budget) == ("none", False, None, False, None)  # every rule off
+            paper.privileged_budget, paper.one_pass) == ("none", False, None, False, None, False)  # every rule off
     assert on.with_paper(False) == on
     assert hint_templates("paper") == GUIDANCE_TEMPLATES
     assert hint_templates("length_neutral") == LENGTH_NEUTRAL_TEMPLATES
@@ -178,3 +180,19 @@ def test_budget_keeps_the_most_failing_prompts_up_to_the_budget():
     assert budget_targets([], 32, 8, 0.5) == []
     with pytest.raises(ValueError, match="budget"):
         budget_targets(priorities, 32, 8, 0.0)
+
+
+def test_previous_failures_hint_the_last_visits_criteria_and_mark_first_visits():
+    """Rule 6: a recorded prompt is hinted with what its PREVIOUS visit recorded (the latest record wins);
+    one recorded with no failures gets no hint; an unrecorded one is a first visit (two-pass fallback)."""
+    mem = PreviousFailures()
+    assert mem.plan(["a", "b"]) == ({}, [0, 1])
+    mem.record("a", [3, 1])
+    mem.record("b", [])
+    mem.record("c", [2])
+    mem.record("c", [0, 4])  # a later visit replaces the earlier one
+    assert mem.plan(["b", "a", "d", "c"]) == ({1: [3, 1], 3: [0, 4]}, [2])
+    again = PreviousFailures()
+    again.load_state_dict(mem.state_dict())
+    assert again.plan(["b", "a", "d", "c"]) == mem.plan(["b", "a", "d", "c"])
+    assert again.state_dict() == {"hints": {"a": [3, 1], "b": [], "c": [0, 4]}}

@@ -268,6 +268,25 @@ def test_other_methods_run_one_step(tmp_path, method, kl):
         assert "reference_policy_logprobs" in data
 
 
+def test_one_pass_guidance_sends_natural_and_privileged_prompts_in_one_vllm_batch(tmp_path):
+    """rise.guidance_pass=one: once every prompt was visited (steps 4-6 of 6 prompts x 2 per step), each step
+    makes ONE vLLM generate request holding the natural rows and the hinted rows (a mixed batch)."""
+    policy, generator, events, _, vllm = make_backend()
+    tree = recipe(tmp_path, "rise", steps=6)
+    tree["rise"]["guidance_pass"] = "one"
+    cfg = config_from_dict(tree)
+    trainer = Trainer(cfg, policy, generator, build_judge(cfg.judge), make_prompts(6), make_prompts(2, 6),
+                      run_dir=tmp_path)
+    assert trainer.run() == 0
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = _steps(events)[:-1]
+    assert len(steps) == 6
+    for chunk, m in zip(steps[3:], metrics[3:]):
+        assert chunk.count("vllm.generate") == 1 and m["guidance/two_pass_prompts"] == 0
+    hinted = sum(m["guidance/one_pass_prompts"] for m in metrics[3:])
+    assert hinted > 0 and sum(m["guidance/privileged_rollouts"] for m in metrics[3:]) == 4 * hinted
+
+
 def test_judge_sees_the_answer_not_the_reasoning():
     from rise_nemo.core.rubric import judged_text
 
