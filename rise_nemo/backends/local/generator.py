@@ -119,13 +119,14 @@ class LocalGenerator:
             )
         return out
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _decode_batch(
         self, prompt_ids: list[list[int]], params: SamplingParams, rng: torch.Generator
     ) -> list[tuple[list[int], list[float], bool]]:
         """Decode one left-padded batch; returns (response ids incl. EOS, sampling log-probs, finished).
 
-        Per token: one model call on the KV cache, the sampler, the stop check. Everything the step needs besides
+        Runs under ``torch.inference_mode`` (no autograd bookkeeping on any op; nothing it creates outlives the
+        call but Python lists). Per token: one model call on the KV cache, the sampler, the stop check. Everything the step needs besides
         the cache is prepared before the loop: the positions of all steps, and the attention mask as the model's
         prepared 4D mask (transformers >= 5 with SDPA and full attention: the model skips building it from the
         2D mask at every token) or a preallocated 2D mask sliced per step (no per-token concatenation); a batch
