@@ -126,12 +126,13 @@ class LocalGenerator:
         """Decode one left-padded batch; returns (response ids incl. EOS, sampling log-probs, finished).
 
         Runs under ``torch.inference_mode`` (no autograd bookkeeping on any op; nothing it creates outlives the
-        call but Python lists). Per token: one model call on the KV cache, the sampler, the stop check. Everything the step needs besides
-        the cache is prepared before the loop: the positions of all steps, and the attention mask as the model's
+        call but Python lists). Per token: one model call on the KV cache, the sampler, the stop check. Everything
+        else is prepared before the loop: the positions of all steps, and the attention mask as the model's
         prepared 4D mask (transformers >= 5 with SDPA and full attention: the model skips building it from the
         2D mask at every token) or a preallocated 2D mask sliced per step (no per-token concatenation); a batch
-        without padding passes no mask (what the model's mask builder would conclude anyway). The samples, their
-        log-probs and the RNG's use are exactly the previous loop's (tests/local/test_decode_loop.py).
+        without padding passes no mask (what the model's mask builder would conclude anyway). The stop check
+        reads one bool per token: free on CPU (no device queue to drain). The samples, their log-probs and the
+        RNG's use are exactly the previous loop's (tests/local/test_decode_loop.py).
         """
         eng = self.engine
         dev = eng.device
