@@ -78,7 +78,7 @@ def test_dropout_model_keeps_the_separate_forward(monkeypatch):
     assert calls == [1]
 
 
-def test_rubric_step_runs_one_forward_per_micro_batch_on_the_local_backend(tmp_path, monkeypatch):
+def test_rubric_step_skips_the_separate_logprob_forward_on_the_local_backend(tmp_path, monkeypatch):
     """The rubric step (rise, guided rows included) no longer calls get_logprobs on the local backend."""
     from rise_nemo.orchestration.run import build_trainer
     from rise_nemo.orchestration.step import train_step
