@@ -15,7 +15,8 @@ high-water mark is reset (``/proc/self/clear_refs`` = 5) after set-up, so model 
 do not count; where the kernel refuses the reset the line says so and ru_maxrss (incl. set-up) is used.
 
 Per-stage split: ours from the step's ``time/*`` metrics (natural = generation + judging + advantages,
-train = no-grad log-prob forward + loss/backward/optimizer); TRL from timers around
+train = loss/backward/optimizer, plus a no-grad log-prob forward where the backend needs one: not on
+the local backend since issue 27); TRL from timers around
 ``_generate_and_score_completions`` (generation + reward + advantages) with the reward function timed inside;
 the rest of TRL's step is loss + backward + optimizer.
 

@@ -100,7 +100,9 @@ class Policy(Protocol):
         ...
 
     def train(self, data: Mapping[str, torch.Tensor], loss_fn: LossFn) -> dict[str, float]:
-        """One optimiser step on the whole batch with ``loss_fn``; returns summed metrics."""
+        """One optimiser step on the whole batch with ``loss_fn``; returns summed metrics. A policy whose class
+        sets ``fills_prev_logprobs = True`` (the local backend) takes a batch's missing ``prev_logprobs`` from
+        its own training forward, so a caller that needs them only for the loss skips ``get_logprobs``."""
         ...
 
     def save_checkpoint(self, path: Path) -> None:

@@ -19,6 +19,7 @@ import torch
 __all__ = [
     "token_logprobs",
     "token_entropy",
+    "masked_token_entropy",
     "naive_token_logprobs",
     "naive_token_entropy",
     "DEFAULT_CHUNK_SIZE",
@@ -156,6 +157,25 @@ def token_entropy(logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE) ->
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     b, t, _ = logits.shape
     return _shift_right(_ChunkedEntropy.apply(_flat(logits), chunk_size), b, t)
+
+
+def masked_token_entropy(
+    logits: torch.Tensor, mask: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> torch.Tensor:
+    """``token_entropy(logits)[mask]`` as a flat [n] fp32 tensor, computed at the masked positions only (e.g.
+    the response tokens: the prompt's next-token distributions are never evaluated). Same values, in row-major
+    order of the mask; a masked column 0 (no prediction) gives 0, as in ``token_entropy``."""
+    _check_shapes(logits)
+    m = mask.bool().to(logits.device)
+    if tuple(m.shape) != tuple(logits.shape[:2]):
+        raise ValueError(f"mask {tuple(m.shape)} must match logits' [B, T] {tuple(logits.shape[:2])}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    picked = logits[:, :-1][m[:, 1:]]  # [n', V]: the logits row that predicts each masked token
+    aligned = torch.zeros(m.shape, dtype=torch.float32, device=logits.device)  # [B, T], no vocabulary dim
+    if picked.shape[0]:
+        aligned[:, 1:][m[:, 1:]] = _ChunkedEntropy.apply(picked, chunk_size)
+    return aligned[m]
 
 
 def naive_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

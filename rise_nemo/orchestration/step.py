@@ -246,7 +246,8 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
 
         ctx.last_samples = sample_records(step, prompts, nat, priv, targets, samples, ctx.samples_per_step)
     batch = build_batch(samples, ctx.pad_id)
-    batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
+    if not getattr(ctx.policy, "fills_prev_logprobs", False):  # only the loss reads them (the PPO ratio's pi_old)
+        batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
     train_metrics = ctx.policy.train(batch, make_loss_fn(ctx, lam))  # eq. 12, ONE call for both kinds
     t_train = time.perf_counter()
 

@@ -23,6 +23,9 @@ Keys (all optional except that a tokenizer must be known):
   weight_decay      AdamW weight decay; default 0.0
   grad_clip         max global grad norm (<= 0 disables clipping; the norm is still reported); default 1.0
   micro_batch_size  rows per forward/backward in ``train``; default 16
+  sort_by_length    sort a batch's rows by length before splitting it into micro-batches (``train``,
+                    ``get_logprobs``, the critic's): less padding per micro-batch; the globally normalised
+                    losses are unchanged up to float summation order; default true
   logprob_batch_size rows per forward in ``get_logprobs``; default 32
   generation_batch_size rows (prompt x sample) decoded together by the generator; default 64
   logprob_chunk_size token positions per chunk in core.logprobs; default 256
@@ -72,6 +75,7 @@ class LocalConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_size: int = 16
+    sort_by_length: bool = True
     logprob_batch_size: int = 32
     generation_batch_size: int = 64
     logprob_chunk_size: int = 256
@@ -173,10 +177,11 @@ def parse_local_config(cfg: Mapping | None) -> LocalConfig:
     for key in ("micro_batch_size", "logprob_batch_size", "generation_batch_size", "logprob_chunk_size"):
         if key in raw:
             setattr(out, key, _positive_int(key, raw[key]))
-    if "compute_entropy" in raw:
-        if not isinstance(raw["compute_entropy"], bool):
-            raise LocalConfigError(f"local.compute_entropy: expected true/false, got {raw['compute_entropy']!r}")
-        out.compute_entropy = raw["compute_entropy"]
+    for key in ("compute_entropy", "sort_by_length"):
+        if key in raw:
+            if not isinstance(raw[key], bool):
+                raise LocalConfigError(f"local.{key}: expected true/false, got {raw[key]!r}")
+            setattr(out, key, raw[key])
     if "device" in raw:
         dev = str(raw["device"])
         if dev != "auto":

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from rise_nemo.backends.local.engine import LocalEngine
-from rise_nemo.backends.local.policy import _lengths, load_state, save_state, slice_batch
+from rise_nemo.backends.local.policy import _lengths, load_state, micro_batches, save_state
 from rise_nemo.interfaces import LossFn
 
 
@@ -66,24 +66,19 @@ class LocalCritic:
         b, t = ids.shape
         out = torch.zeros((b, t), dtype=torch.float32)
         self.body.eval()
-        step = self.engine.cfg.logprob_batch_size
-        for s in range(0, b, step):
-            width = int(lengths[s : s + step].max())
-            out[s : s + step, :width] = self._values(ids[s : s + step, :width].to(self.engine.device)).cpu()
+        c = self.engine.cfg
+        for rows, mb in micro_batches({"input_ids": ids, "input_lengths": lengths}, c.logprob_batch_size,
+                                      c.sort_by_length, self.engine.device):
+            values = self._values(mb["input_ids"])
+            out[rows, : values.shape[1]] = values.float().cpu()
         return out * (torch.arange(t)[None, :] < lengths[:, None])
 
     def train(self, data: Mapping[str, torch.Tensor], loss_fn: LossFn) -> dict[str, float]:
         """One AdamW step; ``loss_fn(values [b, t], micro-batch)`` must be globally normalised."""
-        lengths = _lengths(data)
-        b = data["input_ids"].shape[0]
-        dev = self.engine.device
         self.body.train()
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {}
-        for s in range(0, b, self.micro_batch_size):
-            width = int(lengths[s : s + self.micro_batch_size].max())
-            mb = {k: v.to(dev) if isinstance(v, torch.Tensor) else v
-                  for k, v in slice_batch(data, s, s + self.micro_batch_size, width).items()}
+        for _, mb in micro_batches(data, self.micro_batch_size, self.engine.cfg.sort_by_length, self.engine.device):
             loss, mb_metrics = loss_fn(self._values(mb["input_ids"]), mb)
             if not torch.isfinite(loss):
                 self.optimizer.zero_grad(set_to_none=True)

@@ -96,6 +96,21 @@ class LocalEngine:
         # transformers 5 renamed the cache argument (past_key_values -> cache); accept both.
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.prepared_masks = self._accepts_prepared_mask()
+
+    def _accepts_prepared_mask(self) -> bool:
+        """Whether a decode step may pass its attention mask as the model's own prepared 4D boolean mask
+        [B, 1, q, kv] (True = attend): transformers >= 5 returns such a mask untouched (masking_utils), and it is
+        what that version builds from a 2D mask for SDPA attention with only full-attention layers (a sliding-
+        window layer or another attention backend needs a different mask)."""
+        import transformers
+
+        config = self.model.config
+        layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+        return (int(transformers.__version__.split(".")[0]) >= 5
+                and getattr(config, "_attn_implementation", None) == "sdpa"
+                and not getattr(config, "use_sliding_window", False)
+                and all(t == "full_attention" for t in layer_types))
 
     def _stop_ids(self) -> list[int]:
         ids = {self.tokenizer.eos_token_id}

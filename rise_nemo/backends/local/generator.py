@@ -38,7 +38,8 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) ->
     Top-p keeps the smallest set of most likely tokens whose mass reaches ``top_p`` (the most likely token
     always stays) and renormalises; removed tokens get -inf.
     """
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, V]
+    x = logits.float()
+    logp = torch.log_softmax(x if temperature == 1 else x / temperature, dim=-1)  # [B, V]
     if top_p >= 1.0:
         return logp
     sorted_logp, order = logp.sort(dim=-1, descending=True)
@@ -118,13 +119,24 @@ class LocalGenerator:
             )
         return out
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _decode_batch(
         self, prompt_ids: list[list[int]], params: SamplingParams, rng: torch.Generator
     ) -> list[tuple[list[int], list[float], bool]]:
-        """Decode one left-padded batch; returns (response ids incl. EOS, sampling log-probs, finished)."""
+        """Decode one left-padded batch; returns (response ids incl. EOS, sampling log-probs, finished).
+
+        Runs under ``torch.inference_mode`` (no autograd bookkeeping on any op; nothing it creates outlives the
+        call but Python lists). Per token: one model call on the KV cache, the sampler, the stop check. Everything
+        else is prepared before the loop: the positions of all steps, and the attention mask as the model's
+        prepared 4D mask (transformers >= 5 with SDPA and full attention: the model skips building it from the
+        2D mask at every token) or a preallocated 2D mask sliced per step (no per-token concatenation); a batch
+        without padding passes no mask (what the model's mask builder would conclude anyway). The stop check
+        reads one bool per token: free on CPU (no device queue to drain). The samples, their log-probs and the
+        RNG's use are exactly the previous loop's (tests/local/test_decode_loop.py).
+        """
         eng = self.engine
         dev = eng.device
+        n = params.max_new_tokens
         b, width = len(prompt_ids), max(len(p) for p in prompt_ids)
         ids = torch.full((b, width), eng.pad_token_id, dtype=torch.long, device=dev)  # [B, L] left-padded
         mask = torch.zeros((b, width), dtype=torch.long, device=dev)
@@ -136,22 +148,30 @@ class LocalGenerator:
         cache = eng.new_cache()
         eng.model.eval()
         logits = eng.forward(ids, mask, pos, cache)[:, -1]  # [B, V]
-        next_pos = pos[:, -1:] + 1  # [B, 1]
+        positions = pos[:, -1:] + torch.arange(1, n + 1, device=dev)  # [B, N]: position of generated token i
+        step_mask = self._step_mask(mask, n)  # [B, 1, 1, L + N] bool, [B, L + N] long, or None (no padding)
         done = torch.zeros(b, dtype=torch.bool, device=dev)
         tokens_out, logps_out = [], []
-        for _ in range(params.max_new_tokens):
+        for i in range(n):
             tok, lp = _sample(logits, params, rng)  # [B], [B]
             tok = tok.masked_fill(done, eng.pad_token_id)
             tokens_out.append(tok)
             logps_out.append(lp)
             done = done | torch.isin(tok, stop)
-            if bool(done.all()):
+            if bool(done.all()):  # on CPU a free check; the loop ends as soon as every row stopped
                 break
-            mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], dim=1)
-            logits = eng.forward(tok[:, None], mask, next_pos, cache)[:, -1]
-            next_pos = next_pos + 1
+            kv_mask = None if step_mask is None else step_mask[..., : width + i + 1]
+            logits = eng.forward(tok[:, None], kv_mask, positions[:, i : i + 1], cache)[:, -1]
         return _trim_rows(torch.stack(tokens_out, 1), torch.stack(logps_out, 1), stop)
 
+    def _step_mask(self, mask: torch.Tensor, n: int) -> torch.Tensor | None:
+        """The decode steps' attention mask over prompt + N generated columns (see _decode_batch), or None."""
+        if bool(mask.all()):
+            return None
+        full = torch.cat([mask, mask.new_ones(mask.shape[0], n)], dim=1)  # [B, L + N]
+        if self.engine.prepared_masks:
+            return full.bool()[:, None, None, :]
+        return full
 
 def _trim_rows(tokens: torch.Tensor, logps: torch.Tensor, stop: torch.Tensor) -> list[tuple[list[int], list[float], bool]]:
     """Cut each row after its first stop token; rows without one are unfinished (hit max_new_tokens)."""

@@ -4,13 +4,24 @@ Batches follow rise_nemo.interfaces: ``input_ids`` [B, T] right-padded, ``input_
 tensors [B, T] aligned with input_ids, per-sample columns [B]. Right padding needs no attention mask: a
 causal model never lets a real token attend to a later pad, so real positions are exact.
 
-``train(data, loss_fn)`` splits the batch into micro-batches of ``local.micro_batch_size`` rows, trims each
-to its longest row, runs ``loss_fn(logprobs, micro_batch)`` and back-propagates; since losses are globally
-normalised (interfaces.LossFn), the micro-batch losses and gradients simply add up. Then one clipped AdamW
-step. Returned metrics: the loss_fn metrics summed over micro-batches, ``loss`` (summed loss, unless the
-loss_fn reports its own), ``grad_norm`` (before clipping), and ``policy/entropy_exact`` (mean full
-next-token entropy over ``token_mask`` on natural, unmasked rows, when ``local.compute_entropy``; the
-loss's own ``policy/entropy`` is a sampled-token estimate and is left untouched).
+``train(data, loss_fn)`` splits the batch into micro-batches of ``local.micro_batch_size`` rows (rows sorted
+by length first, ``local.sort_by_length``, so each micro-batch is trimmed to a similar width and carries little
+padding), runs ``loss_fn(logprobs, micro_batch)`` and back-propagates; since losses are globally normalised
+(interfaces.LossFn), the micro-batch losses and gradients simply add up, in any grouping of the rows (only the
+float summation order changes). Then one clipped AdamW step. Returned metrics: the loss_fn metrics summed
+over micro-batches, ``loss`` (summed loss, unless the loss_fn reports its own), ``grad_norm`` (before
+clipping), and ``policy/entropy_exact`` (mean full next-token entropy over ``token_mask`` on natural,
+unmasked rows, when ``local.compute_entropy``, computed inside the training forward on those response
+positions only; the loss's own ``policy/entropy`` is a sampled-token estimate and is left untouched).
+
+Old log-probs from the training forward (``LocalPolicy.fills_prev_logprobs``): ``train`` takes exactly ONE
+optimiser step per call, after every micro-batch's forward and backward, so every forward runs on the weights
+that sampled the batch. When the batch has no ``prev_logprobs`` and the loss reads them, each micro-batch's
+are its own forward's detached log-probs: bit for bit what ``get_logprobs`` returns for the same rows in the
+same micro-batch layout (tests/local/test_train_forward_logprobs.py), so the PPO ratio's denominator costs no
+second forward. The one exception is a model with active dropout: its training forward is not the eval-mode
+forward, so ``train`` then calls ``get_logprobs`` itself first. A caller whose other code needs the old
+log-probs BEFORE the update (a metric, an advantage) still calls ``get_logprobs`` and passes them in.
 """
 
 from __future__ import annotations
@@ -22,8 +33,8 @@ from pathlib import Path
 import torch
 
 from rise_nemo.backends.local.engine import LocalEngine
-from rise_nemo.core.logprobs import token_entropy, token_logprobs
-from rise_nemo.core.losses import loss_needs_reference_logprobs
+from rise_nemo.core.logprobs import masked_token_entropy, token_logprobs
+from rise_nemo.core.losses import loss_needs_prev_logprobs, loss_needs_reference_logprobs
 from rise_nemo.interfaces import KIND_NATURAL, LossFn
 
 
@@ -34,21 +45,41 @@ def _lengths(data: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long)
 
 
-def slice_batch(data: Mapping[str, torch.Tensor], start: int, end: int, width: int) -> dict:
-    """Rows [start, end) of every per-sample/per-token tensor, per-token ones cut to ``width`` columns.
+def select_rows(data: Mapping[str, torch.Tensor], rows: torch.Tensor, width: int) -> dict:
+    """Rows ``rows`` (index tensor) of every per-sample/per-token tensor, per-token ones cut to ``width`` columns.
 
     A tensor is per-sample if its first dim is B and per-token if its first two dims are (B, T); anything
     else (scalars, non-tensors) is passed through unchanged.
     """
     b, t = data["input_ids"].shape[:2]
+    contiguous = rows.numel() > 0 and bool((rows == torch.arange(int(rows[0]), int(rows[0]) + rows.numel())).all())
     out = {}
     for key, value in data.items():
         if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == b:
-            value = value[start:end]
+            value = value[int(rows[0]) : int(rows[0]) + rows.numel()] if contiguous else value[rows.to(value.device)]
             if value.dim() >= 2 and value.shape[1] == t:
                 value = value[:, :width]
         out[key] = value
     return out
+
+
+def micro_batch_rows(lengths: torch.Tensor, size: int, sort_by_length: bool) -> list[torch.Tensor]:
+    """Row indices of each micro-batch of ``size`` rows: in batch order, or (``sort_by_length``) longest rows
+    first (a stable sort: equal lengths keep their order), so rows of similar length share a micro-batch and
+    trimming it to its longest row leaves little padding. Longest first: the peak memory comes at once."""
+    order = torch.argsort(lengths, descending=True, stable=True) if sort_by_length else torch.arange(len(lengths))
+    return [order[s : s + size] for s in range(0, len(lengths), size)]
+
+
+def micro_batches(data: Mapping[str, torch.Tensor], size: int, sort_by_length: bool, device=None):
+    """(rows, micro-batch) pairs over ``data`` (micro_batch_rows), each trimmed to its longest row and moved to
+    ``device``; the one micro-batch layout of the local policy's and critic's forwards."""
+    lengths = _lengths(data)
+    for rows in micro_batch_rows(lengths, size, sort_by_length):
+        mb = select_rows(data, rows, int(lengths[rows].max()))
+        if device is not None:
+            mb = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in mb.items()}
+        yield rows, mb
 
 
 STATE_FILE = "state.pt"  # what a local model's save_checkpoint(dir) writes into its directory
@@ -72,18 +103,33 @@ def load_state(path: str | Path) -> dict:
 
 
 def _natural_token_mask(mb: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """token_mask [b, t] restricted to natural, unmasked rows (when ``kind`` / ``sample_mask`` exist)."""
-    tm = mb["token_mask"].float()
+    """token_mask [b, t] as bool, restricted to natural, unmasked rows (when ``kind`` / ``sample_mask`` exist)."""
+    tm = mb["token_mask"].bool()
     rows = torch.ones(tm.shape[0], dtype=torch.bool, device=tm.device)
     if "sample_mask" in mb:
         rows &= mb["sample_mask"].bool()
     if "kind" in mb:
         rows &= mb["kind"] == KIND_NATURAL
-    return tm * rows[:, None]
+    return tm & rows[:, None]
+
+
+def has_active_dropout(model: torch.nn.Module) -> bool:
+    """Whether ``model.train()`` changes its forward: a Dropout module with p > 0, or a config dropout rate
+    > 0 (HF attention applies ``config.attention_dropout`` functionally, without a module)."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    values = config.to_dict() if hasattr(config, "to_dict") else {}
+    return any("dropout" in k and isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+               for k, v in values.items())
 
 
 class LocalPolicy:
     """interfaces.Policy on the shared LocalEngine, with its own AdamW optimiser."""
+
+    # train() takes a batch's missing prev_logprobs from its own forward (one optimiser step per call; see the
+    # module docstring): a caller that needs them only for the loss may skip get_logprobs.
+    fills_prev_logprobs = True
 
     def __init__(self, engine: LocalEngine):
         self.engine = engine
@@ -130,12 +176,11 @@ class LocalPolicy:
         b, t = ids.shape
         out = torch.zeros((b, t), dtype=torch.float32)
         self.model.eval()
-        step = self.engine.cfg.logprob_batch_size
-        for s in range(0, b, step):
-            width = int(lengths[s : s + step].max())
-            mb = ids[s : s + step, :width].to(self.engine.device)
-            _, lp = self._logits_and_logprobs(mb)
-            out[s : s + step, :width] = lp.float().cpu()
+        c = self.engine.cfg
+        for rows, mb in micro_batches({"input_ids": ids, "input_lengths": lengths}, c.logprob_batch_size,
+                                      c.sort_by_length, self.engine.device):
+            _, lp = self._logits_and_logprobs(mb["input_ids"])
+            out[rows, : lp.shape[1]] = lp.float().cpu()
         valid = torch.arange(t)[None, :] < lengths[:, None]
         return out * valid
 
@@ -157,33 +202,33 @@ class LocalPolicy:
         """One optimiser step on the whole batch (see module docstring for the metrics)."""
         if loss_needs_reference_logprobs(loss_fn) and "reference_policy_logprobs" not in data:
             data = {**data, "reference_policy_logprobs": self.reference_logprobs(data)}
-        ids = data["input_ids"]
-        lengths = _lengths(data)
-        b = ids.shape[0]
-        dev = self.engine.device
-        mbs = self.engine.cfg.micro_batch_size
+        fill_prev = loss_needs_prev_logprobs(loss_fn) and "prev_logprobs" not in data
+        if fill_prev and has_active_dropout(self.model):  # train-mode forward != eval forward: a separate pass
+            data, fill_prev = {**data, "prev_logprobs": self.get_logprobs(data)}, False
+        c = self.engine.cfg
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {}
-        total_loss, ent_sum, ent_count = 0.0, 0.0, 0.0
-        for s in range(0, b, mbs):
-            width = int(lengths[s : s + mbs].max())
-            mb = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in slice_batch(data, s, s + mbs, width).items()}
+        total_loss, ent_sum, ent_count = 0.0, 0.0, 0
+        for rows, mb in micro_batches(data, c.micro_batch_size, c.sort_by_length, self.engine.device):
             logits, lp = self._logits_and_logprobs(mb["input_ids"])
+            if fill_prev:  # the weights that sampled the batch: no optimiser step has happened yet in this call
+                valid = torch.arange(lp.shape[1], device=lp.device)[None, :] < _lengths(mb).to(lp.device)[:, None]
+                mb["prev_logprobs"] = torch.where(valid, lp.detach(), torch.zeros_like(lp))
             loss, mb_metrics = loss_fn(lp, mb)
             if not torch.isfinite(loss):
                 self.optimizer.zero_grad(set_to_none=True)
-                raise FloatingPointError(f"LocalPolicy.train: non-finite loss {float(loss)} in micro-batch rows {s}..{s + mbs - 1}")
+                raise FloatingPointError(f"LocalPolicy.train: non-finite loss {float(loss)} in micro-batch rows "
+                                         f"{rows.tolist()}")
+            if c.compute_entropy and "token_mask" in mb:
+                with torch.no_grad():  # exact entropy at the natural response positions only
+                    ent = masked_token_entropy(logits.detach(), _natural_token_mask(mb), c.logprob_chunk_size)
+                    ent_sum += float(ent.sum())
+                    ent_count += ent.numel()
             loss.backward()
             total_loss += float(loss.detach())
             for k, v in mb_metrics.items():
                 metrics[k] = metrics.get(k, 0.0) + float(v)
-            if self.engine.cfg.compute_entropy and "token_mask" in mb:
-                with torch.no_grad():
-                    ent = token_entropy(logits.detach(), self.engine.cfg.logprob_chunk_size)  # [b, t]
-                    tm = _natural_token_mask(mb)
-                    ent_sum += float((ent * tm).sum())
-                    ent_count += float(tm.sum())
         grad_norm = self._clip_and_step()
         self.model.eval()
         self.train_steps += 1
