@@ -16,11 +16,21 @@ Measured on held-out instances (never in the warm start), same sampling seed for
                           against the rule-grader server on 127.0.0.1: HTTP calls / rollouts sent to the judge
                           over --judge-steps Stage I steps (target <= 1.0; ExpRL's code makes one call per segment)
 
+  sft_ratio               ExpRL / sft_grpo pass@1 on the hardest held-out level after Stage II (same steps),
+                          worst seed
+
+``--task premise`` (issue 24) gives every arm sketch references (``data.task.reference=sketch``: every
+second step and the last, rise_nemo.data.chain_task.Chain.sketch_text), checkable by the reference judge but
+not imitable step by step; ``--task control`` (default) keeps the full step-by-step references. Before
+training the bench prints the premise measurement: the references' per-token NLL under the warm start vs
+the NLL of the model's own samples (one per hard held-out problem, the step-0 evaluation stream).
+
 Ends with
-    RESULT stage1_pass8_gain=... final_hard_pass1_ratio=... judge_calls_per_rollout=... seeds=3
+    RESULT stage1_pass8_gain=... final_hard_pass1_ratio=... judge_calls_per_rollout=... seeds=3 sft_ratio=...
+           task=... reference_nll=... own_nll=...
 
 Usage: python bench/embedded_exprl.py [--stage1-steps 4] [--stage2-steps 4] [--seeds 0 1 2] [--variant outcome]
-       [--samples 8] [--final-samples 16] [--eval-per-level N] [--out F] [key=value ...]
+       [--samples 8] [--final-samples 16] [--eval-per-level N] [--task control|premise] [--out F] [key=value ...]
 """
 
 from __future__ import annotations
@@ -50,6 +60,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--final-samples", type=int, default=16, help="samples per problem on the hardest level")
     p.add_argument("--eval-per-level", type=int, default=8, help="held-out problems per hard level for pass@8")
     p.add_argument("--judge-steps", type=int, default=2, help="Stage I steps measured against the loopback judge")
+    p.add_argument("--task", choices=["control", "premise"], default="control",
+                   help="control: full references; premise: sketch references (checkable, not imitable)")
     p.add_argument("--out", default=None, help="write every measurement as JSON here")
     p.add_argument("overrides", nargs="*", help="recipe overrides for every arm, e.g. local.lr=2e-4")
     return parse_with_overrides(p)
@@ -64,11 +76,13 @@ def main() -> int:
     from rise_nemo.judges.rule_server import RuleGraderServer
     from rise_nemo.methods import get_method
     from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools
-    from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
+    from rise_nemo.orchestration.reasoning_step import ReasoningContext
     from rise_nemo.orchestration.reasoning_warm_start import evaluate_heldout, warm_started_backend
     from rise_nemo.orchestration.tokens import pad_id_of
 
     args = parse_args()
+    if args.task == "premise":
+        args.overrides = ["++data.task.reference=sketch", *args.overrides]
     recipes = REPO / "recipes"
     stage1_recipe = f"exprl_{args.variant}_chain_tiny_cpu.yaml"
     t0 = time.perf_counter()
@@ -86,7 +100,9 @@ def main() -> int:
         ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier,
                                method=get_method(str(cfg.method)), pad_id=pad_id_of(generator), reference_judge=judge)
         sampler = PromptSampler(train_set, int(cfg.grpo.prompts_per_step), seed, True)
-        return [reasoning_train_step(ctx, sampler.next_batch(), step) for step in range(1, steps + 1)]
+        # The method's registered step (the sft arm has its own, rise_nemo.orchestration.reasoning_step.SFTStep)
+        step_fn = ctx.method.training_step().train_step
+        return [step_fn(ctx, sampler.next_batch(), step) for step in range(1, steps + 1)]
 
     def evaluate(cfg, generator, problems, n: int):  # the step-0 evaluation stream of cfg's run.seed
         return evaluate_heldout(cfg, generator, problems, n)
@@ -102,6 +118,10 @@ def main() -> int:
           f"{len(top)} problems x {args.final_samples} samples; budget {args.stage1_steps} + {args.stage2_steps} steps",
           flush=True)
 
+    ref_nll, own_nll = reference_vs_own_nll(base_cfg, hard)
+    print(f"premise ({args.task} task): reference per-token NLL under the warm start {ref_nll:.3f} vs the model's "
+          f"own samples {own_nll:.3f} (hard held-out problems)", flush=True)
+
     def pass8(result) -> float:
         vals = [lv["pass_at_k"].get(str(min(8, args.samples))) for lv in result["levels"].values()]
         return sum(vals) / len(vals)
@@ -109,7 +129,7 @@ def main() -> int:
     def top_pass1(result) -> float:
         return result["levels"][str(hardest)]["pass_at_k"]["1"]
 
-    records, gains, ratios = [], [], []
+    records, gains, ratios, sft_ratios = [], [], [], []
     s1, s2 = args.stage1_steps, args.stage2_steps
     for seed in args.seeds:
         rec: dict = {"seed": seed}
@@ -156,6 +176,7 @@ def main() -> int:
                            "hardest_pass1": top_pass1(final), "sft_nll_last": msft[-1].get("sft/nll"),
                            "seconds": time.perf_counter() - t}
         ratios.append(_ratio(rec["exprl"]["hardest_pass1"], rec["grpo"]["hardest_pass1"]))
+        sft_ratios.append(_ratio(rec["exprl"]["hardest_pass1"], rec["sft_grpo"]["hardest_pass1"]))
         records.append(rec)
         print(json.dumps(rec), flush=True)
 
@@ -178,11 +199,28 @@ def main() -> int:
 
     if args.out:
         Path(args.out).write_text(json.dumps({"runs": records, "judge_calls": calls, "judged_rollouts": judged,
-                                              "args": vars(args)}, indent=1))
+                                              "reference_nll": ref_nll, "own_nll": own_nll, "args": vars(args)},
+                                             indent=1))
     print(f"total {time.perf_counter() - t0:.0f} s")
     print(f"RESULT stage1_pass8_gain={min(gains):.4f} final_hard_pass1_ratio={_worst(ratios):.4f} "
-          f"judge_calls_per_rollout={calls_per_rollout:.4f} seeds={len(args.seeds)}")
+          f"judge_calls_per_rollout={calls_per_rollout:.4f} seeds={len(args.seeds)} sft_ratio={_worst(sft_ratios):.4f} "
+          f"task={args.task} reference_nll={ref_nll:.4f} own_nll={own_nll:.4f}")
     return 0
+
+
+def reference_vs_own_nll(cfg, problems) -> tuple[float, float]:
+    """Per-token NLL under a fresh warm start of ``cfg`` of the problems' references and of the model's own
+    samples (one each, the step-0 evaluation stream)."""
+    from rise_nemo.orchestration.evaluate import eval_sampling_params
+    from rise_nemo.orchestration.reasoning_warm_start import warm_started_backend
+    from rise_nemo.tasks.sft import Example, response_nll
+
+    policy, generator, _ = warm_started_backend(cfg)
+    messages = [[dict(m) for m in p.messages] for p in problems]
+    rows = generator.generate([p.messages for p in problems], 1, eval_sampling_params(cfg, 0))
+    own = [Example(m, r[0].response_text) for m, r in zip(messages, rows)]
+    refs = [Example(m, p.reference_solution) for m, p in zip(messages, problems)]
+    return response_nll(policy, generator, refs), response_nll(policy, generator, own)
 
 
 def _step_acc(result) -> float | None:

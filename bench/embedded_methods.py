@@ -20,8 +20,19 @@ time is measured interleaved with Rubric-RL over one epoch of first visits (the 
 ``--timing-steps`` revisited steps (one generate call each).
 
 Usage: python bench/embedded_methods.py [--steps 24] [--eval-every 2] [--seeds 0 1 2] [--out DIR]
+                                       [--task control|premise] [--base-rates 0.0075 0.015]
 The warm start is shared by all runs (cached under data.warm_start_cache); seeds change the sampling
 streams and the prompt order of RL training and evaluation.
+
+``--task control`` (default) is today's task, where each persistent criterion is a fixed phrase, so one
+hit teaches it for every prompt (RISE-RL's premise is weak). ``--task premise`` sets
+``data.task.criteria=prompt``: each persistent criterion demands the prompt's own audience and topic fact.
+``--base-rates`` runs the whole comparison once per warm-start unprompted rate
+(``data.warm_start.unprompted_rate``). Before training, each condition prints its premise measurements:
+the warm start's measured unprompted and hinted rates and the transfer rate (the share of other
+training prompts whose same-behaviour criterion one hit's text also meets). The RESULT line then adds
+``task``, ``transfer`` and, per base rate r, ``unprompted_<r>``, ``auc_ratio_<r>`` and ``reward_gain_<r>``
+(worst seed); ``auc_ratio`` / ``reward_gain`` / ``negative_gap`` stay the worst over every rate and seed.
 """
 
 from __future__ import annotations
@@ -80,6 +91,11 @@ def parse_args() -> argparse.Namespace:
                    choices=sorted([*RECIPES, *VARIANTS]))
     p.add_argument("--timing-steps", type=int, default=8,
                    help="interleaved steps per phase for the step-time ratio (0 = skip the timing)")
+    p.add_argument("--task", choices=["control", "premise"], default="control",
+                   help="control: today's fixed-phrase criteria; premise: criteria that depend on the prompt")
+    p.add_argument("--base-rates", type=float, nargs="+", default=None,
+                   help="warm-start unprompted rates (data.warm_start.unprompted_rate), one comparison each "
+                        "(default: the recipe's)")
     p.add_argument("--out", default="/tmp/rise_bench_embedded")
     p.add_argument("--threads", type=int, default=2, help="torch threads (1 when several benches share the cores)")
     p.add_argument("overrides", nargs="*", help="extra recipe overrides for every run (key=value)")
@@ -97,32 +113,58 @@ def config(method: str, seed: int, run_dir: Path, args, extra=()):
     ])
 
 
-def train_one(method: str, seed: int, args) -> dict:
+def conditions(args) -> list[tuple[str, list[str]]]:
+    """(label, overrides) per base rate of the chosen task; label "" = the recipe's own rate."""
+    task = ["++data.task.criteria=prompt"] if args.task == "premise" else []
+    if not args.base_rates:
+        return [("", task)]
+    for rate in args.base_rates:
+        if not 0.0 <= rate <= 1.0:
+            raise SystemExit(f"--base-rates: expected probabilities in [0, 1], got {rate}")
+    return [(f"{rate:g}", [*task, f"++data.warm_start.unprompted_rate={rate}"]) for rate in args.base_rates]
+
+
+def premise_measurements(args, extra: list[str]) -> dict:
+    """The warm start of a condition (built or loaded from the cache, as training will) and the task's
+    transfer rate, before any training."""
+    from rise_nemo.orchestration.data import persistent_task
+    from rise_nemo.orchestration.reasoning_warm_start import warm_started_backend
+    from rise_nemo.tasks.persistent_warm_start import transfer_rate
+
+    cfg = config("rubric_rl", 0, Path(args.out) / "premise_probe", args, extra)
+    _, _, stats = warm_started_backend(cfg, progress=False)
+    return {"unprompted_rate": stats.unprompted_rate, "hinted_rate": stats.hinted_rate,
+            "transfer": transfer_rate(persistent_task(cfg))}
+
+
+def train_one(method: str, seed: int, args, extra=(), label: str = "") -> dict:
     from rise_nemo.orchestration.report import curve_auc
     from rise_nemo.orchestration.run import build_trainer
 
-    run_dir = Path(args.out) / f"{method}_s{seed}"
+    run_dir = Path(args.out) / (f"r{label}" if label else "") / f"{method}_s{seed}"
     if run_dir.exists():
         import shutil
 
         shutil.rmtree(run_dir)  # a fixed budget from scratch, never a resumed run
     t0 = time.perf_counter()
-    build_trainer(config(method, seed, run_dir, args)).run()
+    build_trainer(config(method, seed, run_dir, args, extra)).run()
     evals = [json.loads(p.read_text()) for p in sorted((run_dir / "eval").glob("step_*.json"))]
     curve = [(e["step"], e["persistent_coverage"]) for e in evals]
-    return {"method": method, "seed": seed, "curve": curve, "auc": curve_auc(curve),
+    return {"method": method, "seed": seed, "rate": label, "curve": curve, "auc": curve_auc(curve),
             "final_reward": evals[-1]["reward_mean"], "negative_rate": evals[-1]["negative_rate"],
             "wall_s": time.perf_counter() - t0, "run_dir": str(run_dir)}
 
 
-def interleaved_step_times(args, methods: tuple[str, ...], steps: int, switch_step: int) -> dict[str, list[float]]:
+def interleaved_step_times(args, methods: tuple[str, ...], steps: int, switch_step: int,
+                           condition=()) -> dict[str, list[float]]:
     """Train ``methods`` side by side in one process, one step of each in turn (same machine load for all);
     returns each method's step times."""
     from rise_nemo.orchestration.run import build_trainer
     from rise_nemo.orchestration.step import train_step
     from rise_nemo.orchestration.trainer import seed_everything
 
-    extra = [f"rise.schedule.switch_step={switch_step}", f"train.steps={steps}", "eval.at_start=false", "eval.every=0"]
+    extra = [*condition, f"rise.schedule.switch_step={switch_step}", f"train.steps={steps}", "eval.at_start=false",
+             "eval.every=0"]
     trainers = {m: build_trainer(config(m, 0, Path(args.out) / f"timing_{m}", args, extra)) for m in methods}
     seed_everything(0)
     times: dict[str, list[float]] = {m: [] for m in methods}
@@ -138,16 +180,16 @@ def _median_ratio(times: dict[str, list[float]], method: str, lo: int, hi: int) 
     return statistics.median(times[method][lo:hi]) / statistics.median(times["rubric_rl"][lo:hi])
 
 
-def step_time_ratios(args) -> tuple[float, float, dict]:
+def step_time_ratios(args, condition=()) -> tuple[float, float, dict]:
     """Interleave RISE-RL and Rubric-RL steps in one process: median step time of each, guided phase
-    (steps before the switch) and after it."""
+    (steps before the switch) and after it (on the first condition's task and warm start)."""
     n = args.timing_steps
-    times = interleaved_step_times(args, ("rubric_rl", "rise"), 2 * n, n + 1)
+    times = interleaved_step_times(args, ("rubric_rl", "rise"), 2 * n, n + 1, condition)
     # The first step of each phase pays one-off costs (allocator warm-up): drop it from both phases.
     return _median_ratio(times, "rise", 1, n), _median_ratio(times, "rise", n + 1, 2 * n), times
 
 
-def onepass_step_ratios(args) -> tuple[float, float, dict]:
+def onepass_step_ratios(args, condition=()) -> tuple[float, float, dict]:
     """One-pass guidance vs Rubric-RL, interleaved, all steps guided: the first epoch visits every training
     prompt for the first time (the two-pass fallback), then ``--timing-steps`` revisited steps make one
     generate call each. Returns (median of the per-step ratios over the revisited steps, over the first
@@ -155,10 +197,10 @@ def onepass_step_ratios(args) -> tuple[float, float, dict]:
     as step_time_ratios' phases, and a change of machine load inside it must cancel step by step."""
     from rise_nemo.orchestration.data import load_prompts
 
-    cfg = config("rise_onepass", 0, Path(args.out) / "timing_rise_onepass", args)
+    cfg = config("rise_onepass", 0, Path(args.out) / "timing_rise_onepass", args, condition)
     epoch = -(-len(load_prompts(cfg)[0]) // int(cfg.grpo.prompts_per_step))  # steps per epoch
     n = args.timing_steps
-    times = interleaved_step_times(args, ("rubric_rl", "rise_onepass"), epoch + n, epoch + n + 1)
+    times = interleaved_step_times(args, ("rubric_rl", "rise_onepass"), epoch + n, epoch + n + 1, condition)
     ratios = [a / b for a, b in zip(times["rise_onepass"], times["rubric_rl"])]
     return statistics.median(ratios[epoch:]), statistics.median(ratios[1:epoch]), {**times, "epoch": epoch}
 
@@ -169,57 +211,86 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    conds = conditions(args)
+    premise: dict[str, dict] = {}
     results = []
-    for seed in args.seeds:
-        for method in args.methods:
-            r = train_one(method, seed, args)
-            results.append(r)
-            curve = " ".join(f"{s}:{c:.3f}" for s, c in r["curve"])
-            print(f"{method:<10} seed {seed}: AUC {r['auc']:.4f}  final reward {r['final_reward']:.4f}  "
-                  f"negative rate {r['negative_rate']:.4f}  ({r['wall_s']:.0f} s)\n    coverage {curve}", flush=True)
-    (Path(args.out) / "results.json").write_text(json.dumps(results, indent=1))
-
-    by = {(r["method"], r["seed"]): r for r in results}
-    print("\nper seed: each method vs Rubric-RL (AUC ratio / final reward gain / negative rate, method vs Rubric)")
-    for method in args.methods:
-        if method == "rubric_rl":
-            continue
+    for label, extra in conds:
+        m = premise_measurements(args, extra)
+        premise[label] = m
+        print(f"\n== task {args.task}, base rate {label or 'recipe default'}: premise measurements before training: "
+              f"persistent criteria met unprompted {100 * m['unprompted_rate']:.2f}%, hinted "
+              f"{100 * m['hinted_rate']:.1f}%, transfer of one hit to other prompts {100 * m['transfer']:.1f}%",
+              flush=True)
         for seed in args.seeds:
-            row, rub = by.get((method, seed)), by.get(("rubric_rl", seed))
-            if row is None or rub is None:
+            for method in args.methods:
+                r = train_one(method, seed, args, extra, label)
+                results.append(r)
+                curve = " ".join(f"{s}:{c:.3f}" for s, c in r["curve"])
+                print(f"{method:<10} seed {seed}: AUC {r['auc']:.4f}  final reward {r['final_reward']:.4f}  "
+                      f"negative rate {r['negative_rate']:.4f}  ({r['wall_s']:.0f} s)\n    coverage {curve}",
+                      flush=True)
+    (Path(args.out) / "results.json").write_text(json.dumps({"task": args.task, "premise": premise,
+                                                             "runs": results}, indent=1))
+
+    by = {(r["method"], r["seed"], r["rate"]): r for r in results}
+    print("\nper seed: each method vs Rubric-RL (AUC ratio / final reward gain / negative rate, method vs Rubric)")
+    for label, _ in conds:
+        for method in args.methods:
+            if method == "rubric_rl":
                 continue
-            ratio = row["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf")
-            print(f"  {method:<16} seed {seed}: AUC ratio {ratio:.3f}  reward gain "
-                  f"{row['final_reward'] - rub['final_reward']:+.4f}  negative rate {row['negative_rate']:.4f} "
-                  f"vs {rub['negative_rate']:.4f}")
-    ratios, gains, neg_gaps = vs_rubric(by, "rise", args.seeds)
-    for method in args.methods:
-        rows = [r for r in results if r["method"] == method]
-        print(f"  mean over seeds {method:<16} AUC {statistics.mean(r['auc'] for r in rows):.4f}  final reward "
-              f"{statistics.mean(r['final_reward'] for r in rows):.4f}  negative rate "
-              f"{statistics.mean(r['negative_rate'] for r in rows):.4f}")
+            for seed in args.seeds:
+                row, rub = by.get((method, seed, label)), by.get(("rubric_rl", seed, label))
+                if row is None or rub is None:
+                    continue
+                ratio = row["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf")
+                print(f"  {label or '-':>7} {method:<16} seed {seed}: AUC ratio {ratio:.3f}  reward gain "
+                      f"{row['final_reward'] - rub['final_reward']:+.4f}  negative rate {row['negative_rate']:.4f} "
+                      f"vs {rub['negative_rate']:.4f}")
+    per_rate = {label: vs_rubric(by, "rise", args.seeds, label) for label, _ in conds}
+    for label, _ in conds:
+        print(f"\ncoverage curves, base rate {label or 'recipe default'} (mean over seeds; step:coverage)")
+        for method in args.methods:
+            rows = [r for r in results if r["method"] == method and r["rate"] == label]
+            mean_curve = [(s, statistics.mean(r["curve"][i][1] for r in rows)) for i, (s, _) in enumerate(rows[0]["curve"])]
+            print(f"  {method:<16} AUC {statistics.mean(r['auc'] for r in rows):.4f}  final reward "
+                  f"{statistics.mean(r['final_reward'] for r in rows):.4f}  negative rate "
+                  f"{statistics.mean(r['negative_rate'] for r in rows):.4f}\n    "
+                  + " ".join(f"{s}:{c:.3f}" for s, c in mean_curve))
 
     guided = after = float("nan")
     if args.timing_steps > 0:
-        guided, after, times = step_time_ratios(args)
+        guided, after, times = step_time_ratios(args, conds[0][1])
         print(f"\nstep time (median, interleaved in one process): guided phase RISE/Rubric {guided:.3f}, "
               f"after the switch {after:.3f}")
         (Path(args.out) / "timing.json").write_text(json.dumps(times))
-    onepass = onepass_fields(args, by) if "rise_onepass" in args.methods else ""
+    onepass = onepass_fields(args, by, conds) if "rise_onepass" in args.methods else ""
+    ratios = [x for r, _, _ in per_rate.values() for x in r]
+    gains = [x for _, g, _ in per_rate.values() for x in g]
+    neg_gaps = [x for _, _, n in per_rate.values() for x in n]
     worst_ratio = min(ratios) if ratios else float("nan")
     worst_gain = min(gains) if gains else float("nan")
     worst_neg = max(neg_gaps) if neg_gaps else float("nan")
+    extra_fields = [f"task={args.task}", f"transfer={statistics.mean(m['transfer'] for m in premise.values()):.4f}"]
+    for label, (r, g, _) in per_rate.items():
+        if label:
+            extra_fields += [f"unprompted_{label}={premise[label]['unprompted_rate']:.4f}",
+                             f"auc_ratio_{label}={min(r) if r else float('nan'):.3f}",
+                             f"reward_gain_{label}={min(g) if g else float('nan'):+.4f}"]
+        else:
+            extra_fields += [f"unprompted_rate={premise[label]['unprompted_rate']:.4f}"]
     # negative_gap: RISE-RL's final negative-criterion rate minus Rubric-RL's, worst seed (target <= 0)
-    print(f"RESULT auc_ratio={worst_ratio:.3f} reward_gain={worst_gain:+.4f} seeds={len(ratios)} "
-          f"step_ratio_guided={guided:.3f} step_ratio_after={after:.3f} negative_gap={worst_neg:+.4f}{onepass}")
+    print(f"RESULT auc_ratio={worst_ratio:.3f} reward_gain={worst_gain:+.4f} seeds={len(args.seeds)} "
+          f"step_ratio_guided={guided:.3f} step_ratio_after={after:.3f} negative_gap={worst_neg:+.4f}{onepass} "
+          + " ".join(extra_fields))
     return 0
 
 
-def vs_rubric(by: dict, method: str, seeds) -> tuple[list[float], list[float], list[float]]:
-    """Per seed with both runs: AUC ratio, final reward gain and negative-rate gap of ``method`` vs Rubric-RL."""
+def vs_rubric(by: dict, method: str, seeds, label: str = "") -> tuple[list[float], list[float], list[float]]:
+    """Per seed with both runs (at base rate ``label``): AUC ratio, final reward gain and negative-rate gap of
+    ``method`` vs Rubric-RL."""
     ratios, gains, neg_gaps = [], [], []
     for seed in seeds:
-        row, rub = by.get((method, seed)), by.get(("rubric_rl", seed))
+        row, rub = by.get((method, seed, label)), by.get(("rubric_rl", seed, label))
         if row is None or rub is None:
             continue
         ratios.append(row["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf"))
@@ -228,22 +299,24 @@ def vs_rubric(by: dict, method: str, seeds) -> tuple[list[float], list[float], l
     return ratios, gains, neg_gaps
 
 
-def onepass_fields(args, by: dict) -> str:
-    """The rise_onepass row's RESULT fields: vs Rubric-RL (worst seed, like the RISE-RL fields), vs the
-    two-pass default (AUC difference paired by seed: mean and sd, to compare with the seed noise), and its
-    guided-phase step-time ratios (onepass_step_ratios)."""
-    auc, gain, neg = vs_rubric(by, "rise_onepass", args.seeds)
-    diff = []
-    for seed in args.seeds:
-        one, two = by.get(("rise_onepass", seed)), by.get(("rise", seed))
-        if one is not None and two is not None:
-            diff.append(one["auc"] - two["auc"])
-            print(f"  one-pass vs two-pass seed {seed}: AUC {one['auc']:.4f} vs {two['auc']:.4f}  final reward "
-                  f"{one['final_reward']:.4f} vs {two['final_reward']:.4f}  negative rate "
-                  f"{one['negative_rate']:.4f} vs {two['negative_rate']:.4f}")
+def onepass_fields(args, by: dict, conds) -> str:
+    """The rise_onepass row's RESULT fields: vs Rubric-RL (worst seed and base rate, like the RISE-RL fields),
+    vs the two-pass default (AUC difference paired by seed and rate: mean and sd, to compare with the seed
+    noise), and its guided-phase step-time ratios (onepass_step_ratios, on the first condition)."""
+    auc, gain, neg, diff = [], [], [], []
+    for label, _ in conds:
+        a, g, n = vs_rubric(by, "rise_onepass", args.seeds, label)
+        auc, gain, neg = auc + a, gain + g, neg + n
+        for seed in args.seeds:
+            one, two = by.get(("rise_onepass", seed, label)), by.get(("rise", seed, label))
+            if one is not None and two is not None:
+                diff.append(one["auc"] - two["auc"])
+                print(f"  one-pass vs two-pass {label or '-':>7} seed {seed}: AUC {one['auc']:.4f} vs {two['auc']:.4f}"
+                      f"  final reward {one['final_reward']:.4f} vs {two['final_reward']:.4f}  negative rate "
+                      f"{one['negative_rate']:.4f} vs {two['negative_rate']:.4f}")
     revisit = first = float("nan")
     if args.timing_steps > 0:
-        revisit, first, times = onepass_step_ratios(args)
+        revisit, first, times = onepass_step_ratios(args, conds[0][1])
         print(f"step time (median per-step ratio, interleaved): one-pass/Rubric {revisit:.3f} on revisited steps "
               f"(one generate call), {first:.3f} on the first epoch's {times['epoch']} steps (two-pass fallback)")
         (Path(args.out) / "timing_onepass.json").write_text(json.dumps(times))
@@ -253,7 +326,6 @@ def onepass_fields(args, by: dict) -> str:
             f" onepass_auc_diff={statistics.mean(diff) if diff else nan:+.4f}"
             f" onepass_auc_diff_sd={statistics.stdev(diff) if len(diff) > 1 else nan:.4f}"
             f" step_ratio_guided_onepass={revisit:.3f} step_ratio_guided_onepass_first={first:.3f}")
-
 
 if __name__ == "__main__":
     sys.exit(main())

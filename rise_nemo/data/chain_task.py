@@ -38,6 +38,9 @@ _STEP_RE = re.compile(r"\bstep\s+[a-l]\s+(add|sub)\s+(\d+)\s*=\s*(-?\d+)")
 _PROBLEM_RE = re.compile(r"^mod (\d+) start (\d+)((?: [a-l] (?:add|sub) \d+)+)$")
 
 
+REFERENCE_STYLES = ("full", "sketch")
+
+
 class ReasoningTaskError(ValueError):
     """Invalid ``data.task`` / ``data.warm_start`` key for the reasoning task; the message names the key."""
 
@@ -57,6 +60,10 @@ class ChainTaskConfig:
     train_per_level: int = 64  # RL training problems per level
     heldout_per_level: int = 16  # held-out evaluation problems per level (never in the warm start)
     train_levels: tuple[int, ...] | None = None  # levels of the RL training set; None = all
+    # The problems' reference solutions (ExpRL's premise, issue 24): ``full`` writes every step (the
+    # control: imitable token by token); ``sketch`` only every second step and the last one
+    # (``Chain.sketch_text``): checkable by the reference judge, not imitable step by step.
+    reference: str = "full"
 
     @classmethod
     def from_mapping(cls, cfg: Mapping | None) -> ChainTaskConfig:
@@ -76,6 +83,9 @@ class ChainTaskConfig:
         for key in ("operand_max", "train_per_level", "heldout_per_level"):
             if int(getattr(out, key)) < 1:
                 raise ReasoningTaskError(f"data.task.{key}: expected an integer >= 1, got {getattr(out, key)!r}")
+        if out.reference not in REFERENCE_STYLES:
+            raise ReasoningTaskError(f"data.task.reference: expected one of {list(REFERENCE_STYLES)}, "
+                                     f"got {out.reference!r}")
         if out.operand_max >= out.modulus:
             raise ReasoningTaskError(f"data.task.operand_max: must be < modulus {out.modulus}")
         for level in out.train_levels or ():
@@ -114,11 +124,24 @@ class Chain:
         steps = " ".join(f"{STEP} {LABELS[i]} {op} {k} = {v}" for i, ((op, k), v) in enumerate(zip(self.ops, vals)))
         return f"{steps} {ANSWER} {vals[-1]}"
 
-    def problem(self, prompt_id: str) -> ReasoningProblem:
+    def sketch_text(self) -> str:
+        """A sketch of the solution: only every second step (b, d, f, ...) and the last one, each with its
+        operation and the running result after it, then the answer. The skipped steps' operations are
+        folded into the next written result, so it cannot be imitated step by step, but every written
+        result is checkable (``reference_score`` matches by label)::
+
+            mod 61 start 17 a add 3 b sub 5 c add 4   ->   step b sub 5 = 15 step c add 4 = 19 answer 19
+        """
+        vals = self.values()
+        keep = [i for i in range(len(self.ops)) if i % 2 == 1 or i == len(self.ops) - 1]
+        steps = " ".join(f"{STEP} {LABELS[i]} {self.ops[i][0]} {self.ops[i][1]} = {vals[i]}" for i in keep)
+        return f"{steps} {ANSWER} {vals[-1]}"
+
+    def problem(self, prompt_id: str, reference: str = "full") -> ReasoningProblem:
         return ReasoningProblem(
             prompt_id=prompt_id,
             messages=({"role": "user", "content": self.prompt_text()},),
-            reference_solution=self.solution_text(),
+            reference_solution=self.sketch_text() if reference == "sketch" else self.solution_text(),
             answer=str(self.values()[-1]),
             difficulty=len(self.ops),
         )
@@ -152,7 +175,10 @@ class ChainTask:
     heldout_keys: frozenset
 
     def fingerprint(self) -> str:
-        spec = {"cfg": asdict(self.cfg), "version": TASK_VERSION}
+        cfg = asdict(self.cfg)
+        if cfg["reference"] == "full":
+            del cfg["reference"]  # the control's fingerprint stays as it was before the key existed
+        spec = {"cfg": cfg, "version": TASK_VERSION}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
     def warm_start_fingerprint(self) -> str:
@@ -180,7 +206,7 @@ def make_chain_task(**kwargs) -> ChainTask:
         for i in range(cfg.heldout_per_level):
             chain = random_chain(rng, cfg.modulus, level, cfg.operand_max)
             seen.add(chain.key)
-            heldout.append(chain.problem(f"chain-heldout-L{level:02d}-{i:03d}"))
+            heldout.append(chain.problem(f"chain-heldout-L{level:02d}-{i:03d}", cfg.reference))
     train = []
     for level in cfg.train_levels or range(1, cfg.max_steps + 1):
         i = 0
@@ -188,7 +214,7 @@ def make_chain_task(**kwargs) -> ChainTask:
             chain = random_chain(rng, cfg.modulus, level, cfg.operand_max)
             if chain.key in seen:
                 continue
-            train.append(chain.problem(f"chain-train-L{level:02d}-{i:03d}"))
+            train.append(chain.problem(f"chain-train-L{level:02d}-{i:03d}", cfg.reference))
             i += 1
     return ChainTask(cfg, train, heldout, frozenset(seen))
 
@@ -257,13 +283,29 @@ def _written_steps(text: str) -> list[tuple[str, str, int, int]]:
     return [(lab, op, int(k), int(v)) for lab, op, k, v in _LABELLED_STEP_RE.findall(text)]
 
 
+def _is_sketch(ref: Sequence[tuple[str, str, int, int]]) -> bool:
+    """A reference that does not write the steps a, b, c, ... in order (``Chain.sketch_text``)."""
+    return [step[0] for step in ref] != list(LABELS[: len(ref)])
+
+
 def reference_score(reference: str, response: str) -> int:
-    """The embedded judge's 1-5 score of a whole attempt (or a prefix of one) against the reference (above)."""
+    """The embedded judge's 1-5 score of a whole attempt (or a prefix of one) against the reference (above).
+    A sketch reference (only some steps written) is matched by label: m counts the sketch's steps the
+    attempt writes equally under the same label, and 5 needs all of them, exactly as many steps as the
+    problem has (the sketch's last label) and the sketch's answer."""
     ref, got = _written_steps(reference), _written_steps(response)
     if not ref:
         raise ValueError(f"reference has no checkable step: {reference!r}")
-    matched = sum(1 for i, step in enumerate(got[: len(ref)]) if step == ref[i])
-    if matched == len(ref) and len(got) == len(ref) and final_answer(response) == final_answer(reference):
+    if _is_sketch(ref):
+        first = {}
+        for step in got:
+            first.setdefault(step[0], step)
+        matched = sum(1 for step in ref if first.get(step[0]) == step)
+        n_steps = LABELS.index(ref[-1][0]) + 1
+    else:
+        matched = sum(1 for i, step in enumerate(got[: len(ref)]) if step == ref[i])
+        n_steps = len(ref)
+    if matched == len(ref) and len(got) == n_steps and final_answer(response) == final_answer(reference):
         return 5
     return 1 + -(-3 * matched // len(ref))  # 1 + ceil(3 m / L)
 
@@ -275,11 +317,13 @@ def reference_segment_scores(reference: str, segments: Sequence[str], view: str 
         return [reference_score(reference, " ".join(segments[: k + 1])) for k in range(len(segments))]
     if view != "segment":
         raise ValueError(f"segment view must be 'segment' or 'prefix', got {view!r}")
-    ref = {step[0]: step for step in _written_steps(reference)}
+    written = _written_steps(reference)
+    ref = {step[0]: step for step in written}
+    sketch = _is_sketch(written)  # a sketch cannot check the steps it skips: they are no items
     ref_answer = final_answer(reference)
     out = []
     for seg in segments:
-        items = [step == ref.get(step[0]) for step in _written_steps(seg)]
+        items = [step == ref.get(step[0]) for step in _written_steps(seg) if not sketch or step[0] in ref]
         answers = _ANSWER_RE.findall(seg)
         if answers:
             items.append(answers[-1] == ref_answer)

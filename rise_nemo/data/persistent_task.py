@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -117,23 +118,40 @@ class PersistentBehaviour:
     criterion: str  # criterion text (what the hint says)
     check: MachineCheck
     phrase: str  # sentence template; {topic}, {action}, {risk}, {mistake}, {minutes}
+    # The premise variant (``criteria="prompt"``): the required content depends on the prompt. The
+    # sentence names the prompt's audience and (but for "minutes") the topic's own fact; the check
+    # (kind, pattern template filled like ``phrase``; regex templates get escaped values) demands both.
+    prompt_phrase: str = ""
+    prompt_check: tuple[str, str] = ("contains", "")
 
 
 # Canonical order = the order the phrases appear in a response ("in short" always closes it).
 PERSISTENT_POOL: tuple[PersistentBehaviour, ...] = (
     PersistentBehaviour("first_step", "Gives a clear first step", MachineCheck("regex", r"\bfirst step\b"),
-                        "first step : {action} ."),
+                        "first step : {action} .",
+                        "first step for a {audience} : {action} .",
+                        ("contains", "first step for a {audience} : {action}")),
     PersistentBehaviour("minutes", "Says how many minutes a day to spend", MachineCheck("regex", r"\b\d+ minutes a day\b"),
-                        "spend {minutes} minutes a day on {topic} ."),
+                        "spend {minutes} minutes a day on {topic} .",
+                        "a {audience} can spend {minutes} minutes a day on {topic} .",
+                        ("regex", r"\b{audience} can spend \d+ minutes a day on {topic}\b")),
     PersistentBehaviour("expert", "Suggests to ask an expert when unsure", MachineCheck("contains", "ask an expert"),
-                        "if unsure , ask an expert about {topic} ."),
+                        "if unsure , ask an expert about {topic} .",
+                        "if unsure , a {audience} can ask an expert about {topic} .",
+                        ("contains", "a {audience} can ask an expert about {topic}")),
     PersistentBehaviour("safety", "Includes a safety warning", MachineCheck("contains", "safety warning"),
-                        "safety warning : {risk} ."),
+                        "safety warning : {risk} .",
+                        "safety warning for a {audience} : {risk} .",
+                        ("contains", "safety warning for a {audience} : {risk}")),
     PersistentBehaviour("mistake", "Points out a common mistake", MachineCheck("contains", "common mistake"),
-                        "a common mistake is {mistake} ."),
+                        "a common mistake is {mistake} .",
+                        "a common mistake for a {audience} is {mistake} .",
+                        ("contains", "common mistake for a {audience} is {mistake}")),
     PersistentBehaviour("summary", "Closes with an in short summary",
                         MachineCheck("regex", r"\bin short\b[^.]*\.$"),  # the last sentence
-                        "in short , {topic} gets easier with practice ."),
+                        "in short , {topic} gets easier with practice .",
+                        "in short , {topic} gets easier for a {audience} .",
+                        ("regex", r"\bin short , {topic} gets easier for a {audience} \.$")),
 )
 POOL_INDEX = {b.name: i for i, b in enumerate(PERSISTENT_POOL)}
 
@@ -178,12 +196,29 @@ class PersistentTask:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _fill(template: str, topic: Topic, audience: str = "", minutes: str = "10") -> str:
-    return template.format(topic=topic.name, audience=audience, action=topic.action, risk=topic.risk,
-                           mistake=topic.mistake, minutes=minutes)
+CRITERIA_MODES = ("fixed", "prompt")  # make_persistent_task(criteria=...): today's task (control) / the premise
 
 
-def _rubric(topic: Topic, audience: str, persistent: Sequence[str]) -> Rubric:
+def _fill(template: str, topic: Topic, audience: str = "", minutes: str = "10", escape: bool = False) -> str:
+    values = {"topic": topic.name, "audience": audience, "action": topic.action, "risk": topic.risk,
+              "mistake": topic.mistake, "minutes": minutes}
+    return template.format(**({k: re.escape(v) for k, v in values.items()} if escape else values))
+
+
+def persistent_criterion(b: PersistentBehaviour, topic: Topic, audience: str, criteria: str = "fixed") -> Criterion:
+    """Behaviour ``b``'s criterion on a (topic, audience) prompt. ``fixed``: today's prompt-independent
+    phrase check, so one hit on any prompt meets it on every prompt. ``prompt``: the check demands the
+    prompt's own content (audience, and the topic's fact), so a hit on one prompt meets it on another only
+    when both share that content (``tasks.persistent_warm_start.transfer_rate`` measures it)."""
+    tags = (TAG_PERSISTENT, f"pool:{b.name}")
+    if criteria == "fixed":
+        return Criterion(b.criterion, PERSISTENT_WEIGHT, tags, b.check)
+    kind, pattern = b.prompt_check
+    return Criterion(f"{b.criterion} for a {audience}", PERSISTENT_WEIGHT, tags,
+                     MachineCheck(kind, _fill(pattern, topic, audience, escape=kind == "regex")))
+
+
+def _rubric(topic: Topic, audience: str, persistent: Sequence[str], criteria: str = "fixed") -> Rubric:
     crit = [
         Criterion(f"Mentions {topic.name}", BASE_WEIGHTS["topic"], (TAG_BASE, "pool:topic"),
                   MachineCheck("contains", topic.name)),
@@ -195,21 +230,24 @@ def _rubric(topic: Topic, audience: str, persistent: Sequence[str]) -> Rubric:
                   MachineCheck("max_words", str(MAX_WORDS))),
     ]
     for name in sorted(persistent, key=POOL_INDEX.__getitem__):
-        b = PERSISTENT_POOL[POOL_INDEX[name]]
-        crit.append(Criterion(b.criterion, PERSISTENT_WEIGHT, (TAG_PERSISTENT, f"pool:{name}"), b.check))
+        crit.append(persistent_criterion(PERSISTENT_POOL[POOL_INDEX[name]], topic, audience, criteria))
     crit.append(Criterion(NEGATIVE_TEXT, NEGATIVE_WEIGHT, (TAG_NEGATIVE, "pool:guaranteed"), NEGATIVE_CHECK))
     return Rubric(tuple(crit)).validate(f"persistent task ({topic.name}, {audience})")
 
 
-def _prompt(prompt_id: str, t_idx: int, q_idx: int, a_idx: int, persistent: Sequence[str]) -> RubricPrompt:
+def _prompt(prompt_id: str, t_idx: int, q_idx: int, a_idx: int, persistent: Sequence[str],
+            criteria: str = "fixed") -> RubricPrompt:
     topic, audience = TOPICS[t_idx], AUDIENCES[a_idx]
     text = QUESTION_TEMPLATES[q_idx].format(topic=topic.name, audience=audience)
+    meta = {"topic": t_idx, "audience": a_idx, "template": q_idx}
+    if criteria != "fixed":
+        meta["criteria"] = criteria  # response_text writes the matching phrases
     return RubricPrompt(
         prompt_id=prompt_id,
         messages=({"role": "user", "content": text},),
-        rubric=_rubric(topic, audience, persistent),
+        rubric=_rubric(topic, audience, persistent, criteria),
         source=f"persistent_task:{prompt_id}",
-        meta={"topic": t_idx, "audience": a_idx, "template": q_idx},
+        meta=meta,
     )
 
 
@@ -218,12 +256,19 @@ def make_persistent_task(
     train_per_topic: int = 8,
     heldout_per_topic: int = 2,
     persistent_per_prompt: int = 2,
+    criteria: str = "fixed",
 ) -> PersistentTask:
     """Generate the task: for each topic the 32 (template, audience) combos are shuffled with ``seed``;
     the first ``heldout_per_topic`` are held out, the rest form the warm-up pool, of which the first
     ``train_per_topic`` are the RL training prompts. Each prompt draws its persistent criteria from
-    PERSISTENT_POOL with the same seed."""
+    PERSISTENT_POOL with the same seed (the same draws whatever ``criteria``).
+
+    ``criteria``: ``fixed`` (today's task; RISE-RL's premise is weak there, one hit teaches the phrase
+    for every prompt: the premise-absent control) or ``prompt`` (the premise variant: each persistent
+    criterion demands the prompt's own audience and topic fact, see ``persistent_criterion``)."""
     n_combos = len(QUESTION_TEMPLATES) * len(AUDIENCES)
+    if criteria not in CRITERIA_MODES:
+        raise ValueError(f"data.task.criteria: expected one of {list(CRITERIA_MODES)}, got {criteria!r}")
     if persistent_per_prompt < 1 or persistent_per_prompt > len(PERSISTENT_POOL):
         raise ValueError(f"persistent_per_prompt must be in [1, {len(PERSISTENT_POOL)}], got {persistent_per_prompt}")
     if heldout_per_topic < 1 or train_per_topic < 1 or heldout_per_topic + train_per_topic > n_combos:
@@ -238,9 +283,9 @@ def make_persistent_task(
         for j, (q_idx, a_idx) in enumerate(combos):
             persistent = rng.sample([b.name for b in PERSISTENT_POOL], persistent_per_prompt)
             if j < heldout_per_topic:
-                heldout.append(_prompt(f"heldout-{topic.name}-{j}", t_idx, q_idx, a_idx, persistent))
+                heldout.append(_prompt(f"heldout-{topic.name}-{j}", t_idx, q_idx, a_idx, persistent, criteria))
                 continue
-            p = _prompt(f"{topic.name}-{j - heldout_per_topic:02d}", t_idx, q_idx, a_idx, persistent)
+            p = _prompt(f"{topic.name}-{j - heldout_per_topic:02d}", t_idx, q_idx, a_idx, persistent, criteria)
             warmup.append(p)
             if j - heldout_per_topic < train_per_topic:
                 train.append(p)
@@ -249,6 +294,8 @@ def make_persistent_task(
     negative_ids = {p.prompt_id: tagged_criteria(p.rubric, TAG_NEGATIVE) for p in every}
     spec = {"seed": seed, "train_per_topic": train_per_topic, "heldout_per_topic": heldout_per_topic,
             "persistent_per_prompt": persistent_per_prompt}
+    if criteria != "fixed":  # the control's spec (and so its cached warm starts) stays as it was
+        spec["criteria"] = criteria
     return PersistentTask(seed, tuple(train), tuple(heldout), tuple(warmup), persistent_ids, negative_ids, spec)
 
 
@@ -266,9 +313,11 @@ def vocabulary_corpus() -> list[str]:
         for audience in AUDIENCES:
             texts += [q.format(topic=topic.name, audience=audience) for q in QUESTION_TEMPLATES]
             texts += [_opener(topic, audience)]
-            full = _rubric(topic, audience, [b.name for b in PERSISTENT_POOL]).criteria
-            # Hints (eq. 6) and RuscaRL scaffolds render criteria with their own separators and prefixes.
-            texts += [format_hint(full), render_scaffold(full)]
+            texts += [_fill(b.prompt_phrase, topic, audience, m) for b in PERSISTENT_POOL for m in MINUTES]
+            for mode in CRITERIA_MODES:
+                full = _rubric(topic, audience, [b.name for b in PERSISTENT_POOL], mode).criteria
+                # Hints (eq. 6) and RuscaRL scaffolds render criteria with their own separators and prefixes.
+                texts += [format_hint(full), render_scaffold(full)]
     return texts
 
 
@@ -285,11 +334,17 @@ def response_text(prompt: RubricPrompt, include: Sequence[str], guaranteed: bool
     topic, audience = TOPICS[int(prompt.meta["topic"])], AUDIENCES[int(prompt.meta["audience"])]
     parts = [_opener(topic, audience), *rng.sample(topic.tips, 2)]
     names = sorted(include, key=POOL_INDEX.__getitem__)
+    premise = prompt.meta.get("criteria", "fixed") == "prompt"
+
+    def phrase(name: str) -> str:
+        b = PERSISTENT_POOL[POOL_INDEX[name]]
+        return b.prompt_phrase if premise else b.phrase
+
     for name in names:
         if name != "summary":
-            parts.append(_fill(PERSISTENT_POOL[POOL_INDEX[name]].phrase, topic, audience, rng.choice(MINUTES)))
+            parts.append(_fill(phrase(name), topic, audience, rng.choice(MINUTES)))
     if guaranteed:
         parts.append(NEGATIVE_SENTENCE)
     if "summary" in names:
-        parts.append(_fill(PERSISTENT_POOL[POOL_INDEX["summary"]].phrase, topic, audience))
+        parts.append(_fill(phrase("summary"), topic, audience))
     return " ".join(parts)

@@ -230,3 +230,30 @@ def measure_rates(generator, task: PersistentTask, cfg: WarmStartConfig | None =
     return {"unprompted_rate": rate["pers"], "hinted_rate": rate["hint"], "negative_rate": rate["neg"],
             "hinted_negative_rate": rate["hneg"], "base_rate": rate["base"], "finished_rate": rate["fin"],
             "n_unprompted": counts["pers"][1], "n_hinted": counts["hint"][1]}
+
+
+def transfer_rate(task: PersistentTask, prompts: Sequence[RubricPrompt] | None = None) -> float:
+    """How far one hit carries: for each prompt A of ``prompts`` (default: the training prompts) and each of
+    its persistent behaviours, the share of the OTHER prompts with that behaviour in their rubric whose
+    criterion A's hit (``response_text`` with just that behaviour) also meets, with the rule judge.
+
+    1.0 on today's task (``criteria="fixed"``: the phrase is the same for every prompt, so what one hit
+    reinforces is right everywhere); on the premise variant (``criteria="prompt"``) only prompts that share
+    the required content (audience and topic fact) count, about 1/64-1/8."""
+    from rise_nemo.judges.rule import RuleJudge
+
+    prompts = list(prompts if prompts is not None else task.train)
+    by_name: dict[str, list[tuple[RubricPrompt, int]]] = {}
+    for p in prompts:
+        for name, k in zip(task.persistent_names(p), task.persistent_criterion_ids[p.prompt_id]):
+            by_name.setdefault(name, []).append((p, k))
+    judge, rng = RuleJudge(), random.Random(0)
+    met = total = 0
+    for name, holders in by_name.items():
+        for a, _ in holders:
+            hit = response_text(a, [name], False, rng)
+            others = [(b, k) for b, k in holders if b.prompt_id != a.prompt_id]
+            verdicts = judge.judge([JudgeRequest(b.messages, hit, b.rubric, b.prompt_id) for b, _ in others])
+            met += sum(int(v[k]) for v, (_, k) in zip(verdicts, others))
+            total += len(others)
+    return met / total if total else 0.0

@@ -101,3 +101,13 @@ def load_weights(policy, cache: Path) -> None:
     """Load what ``save_weights`` wrote into the local policy; a fresh optimiser at its own lr."""
     policy.model.load_state_dict(torch.load(cache / "model.pt", map_location=policy.engine.device, weights_only=True))
     policy.reset_optimizer()
+
+
+def response_nll(policy, generator, examples: Sequence[Example]) -> float:
+    """Per-token negative log-likelihood of the examples' responses under ``policy`` (token mean over all of
+    them, EOS included): e.g. a task's references vs the model's own samples (issue 24, ExpRL's premise)."""
+    batch = sft_batch(examples, generator)
+    with torch.no_grad():
+        logprobs = policy.get_logprobs(batch)
+    mask = batch["token_mask"]
+    return float(-(logprobs * mask).sum() / mask.sum())

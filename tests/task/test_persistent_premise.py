@@ -1,0 +1,123 @@
+"""The persistent task's premise variant (``criteria="prompt"``, issue 24): persistent criteria whose required
+content depends on the prompt, so one hit does not carry to other prompts; today's task is the control."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from rise_nemo.backends.local.tokenizer import builtin_tokenizer
+from rise_nemo.core.rubric import Rubric
+from rise_nemo.data.persistent_task import (
+    MAX_RESPONSE_TOKENS,
+    PERSISTENT_POOL,
+    make_persistent_task,
+    persistent_criterion,
+    response_text,
+)
+from rise_nemo.interfaces import JudgeRequest
+from rise_nemo.judges.rule import RuleJudge
+from rise_nemo.tasks.persistent_warm_start import WarmStartConfig, make_example, transfer_rate
+
+
+def test_premise_task_is_deterministic_per_seed_and_keeps_the_control_draws():
+    task, again, other = (make_persistent_task(seed=s, criteria="prompt") for s in (3, 3, 4))
+    control = make_persistent_task(seed=3)
+    assert task == again and task.fingerprint() == again.fingerprint()
+    assert [p.rubric for p in task.train] != [p.rubric for p in other.train]
+    # The same prompts and the same behaviours per prompt as the control; only the criteria differ.
+    assert [p.messages for p in task.train + task.heldout] == [p.messages for p in control.train + control.heldout]
+    assert [task.persistent_names(p) for p in task.train] == [control.persistent_names(p) for p in control.train]
+    assert task.fingerprint() != control.fingerprint()
+    # The control's spec (and so its cached warm starts) is unchanged by the new parameter.
+    assert control.spec == {"seed": 3, "train_per_topic": 8, "heldout_per_topic": 2, "persistent_per_prompt": 2}
+
+
+def test_premise_criteria_depend_on_the_prompt_and_one_hit_does_not_transfer():
+    premise, control = make_persistent_task(seed=0, criteria="prompt"), make_persistent_task(seed=0)
+    # Every behaviour's criterion differs between two prompts that share neither topic nor audience.
+    from rise_nemo.data.persistent_task import AUDIENCES, TOPICS
+
+    for b in PERSISTENT_POOL:
+        a = persistent_criterion(b, TOPICS[0], AUDIENCES[0], "prompt")
+        c = persistent_criterion(b, TOPICS[1], AUDIENCES[1], "prompt")
+        assert a.check != c.check and a.text != c.text
+        assert persistent_criterion(b, TOPICS[0], AUDIENCES[0]) == persistent_criterion(b, TOPICS[1], AUDIENCES[1])
+    # A hit's text meets the same behaviour's criterion on every other prompt in the control, almost never
+    # in the premise variant (only on prompts with the same topic and audience).
+    assert transfer_rate(control) == 1.0
+    assert 0.0 < transfer_rate(premise) < 0.05
+    # ... while on its own prompt the hit meets exactly its own criterion.
+    judge = RuleJudge()
+    for p in premise.heldout:
+        pool = Rubric(tuple(persistent_criterion(b, *_topic_audience(p), "prompt") for b in PERSISTENT_POOL))
+        for k, b in enumerate(PERSISTENT_POOL):
+            text = response_text(p, [b.name], guaranteed=True, rng=random.Random(k))
+            verdicts = judge.judge([JudgeRequest(p.messages, text, pool, p.prompt_id)])[0]
+            assert verdicts == [j == k for j in range(len(PERSISTENT_POOL))], (b.name, text)
+            # The control's fixed-phrase check is not enough: the old phrase misses the premise criterion.
+            old = response_text(control.heldout[premise.heldout.index(p)], [b.name], True, random.Random(k))
+            assert not judge.judge([JudgeRequest(p.messages, old, pool, p.prompt_id)])[0][k], (b.name, old)
+
+
+def _topic_audience(p):
+    from rise_nemo.data.persistent_task import AUDIENCES, TOPICS
+
+    return TOPICS[int(p.meta["topic"])], AUDIENCES[int(p.meta["audience"])]
+
+
+def test_premise_vocabulary_and_lengths_fit_the_control_tokenizer():
+    tok = builtin_tokenizer("persistent_task")
+    task = make_persistent_task(seed=0, criteria="prompt")
+    rng = random.Random(0)
+    judge = RuleJudge()
+    for p in task.warmup + task.heldout:
+        ex = make_example(task, p, True, rng, WarmStartConfig())
+        assert tok.unk_token_id not in tok.apply_chat_template(ex.messages, tokenize=True)["input_ids"], ex.messages
+        assert tok.unk_token_id not in tok.encode(ex.response), ex.response
+        full = make_example(task, p, True, random.Random(0),
+                            WarmStartConfig(unprompted_rate=0.0, hinted_negative_rate=1.0))
+        assert len(tok.encode(full.response)) + 1 <= MAX_RESPONSE_TOKENS
+        # Hinted targets meet exactly the hinted persistent criteria (the warm start teaches real hits).
+        v = judge.judge([JudgeRequest(p.messages, full.response, p.rubric, p.prompt_id)])[0]
+        hinted = full.messages[-1]["content"]
+        for k in task.persistent_criterion_ids[p.prompt_id]:
+            assert v[k] == (p.rubric.criteria[k].text in hinted)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.05, 0.2])
+def test_unprompted_base_rate_parameter_is_honoured(rate):
+    """Natural warm-start targets meet each persistent criterion of their prompt at the configured rate."""
+    task = make_persistent_task(seed=0, criteria="prompt")
+    cfg = WarmStartConfig(unprompted_rate=rate)
+    rng, judge = random.Random(1), RuleJudge()
+    met = total = 0
+    for _ in range(6):
+        for p in task.train:
+            ex = make_example(task, p, False, rng, cfg)
+            v = judge.judge([JudgeRequest(p.messages, ex.response, p.rubric, p.prompt_id)])[0]
+            met += sum(v[k] for k in task.persistent_criterion_ids[p.prompt_id])
+            total += len(task.persistent_criterion_ids[p.prompt_id])
+    assert met / total == pytest.approx(rate, abs=0.03 if rate else 0.0)
+
+
+def test_bad_criteria_mode_names_the_key():
+    with pytest.raises(ValueError, match=r"data\.task\.criteria: expected one of \['fixed', 'prompt'\], got 'prompts'"):
+        make_persistent_task(criteria="prompts")
+
+
+def test_bench_conditions_map_task_and_base_rates_to_overrides():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from argparse import Namespace
+
+    from bench.embedded_methods import conditions
+
+    assert conditions(Namespace(task="control", base_rates=None)) == [("", [])]
+    assert conditions(Namespace(task="premise", base_rates=[0.0075, 0.015])) == [
+        ("0.0075", ["++data.task.criteria=prompt", "++data.warm_start.unprompted_rate=0.0075"]),
+        ("0.015", ["++data.task.criteria=prompt", "++data.warm_start.unprompted_rate=0.015"])]
+    with pytest.raises(SystemExit, match="--base-rates: expected probabilities in \\[0, 1\\], got 1.5"):
+        conditions(Namespace(task="premise", base_rates=[1.5]))
