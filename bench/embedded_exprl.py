@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from bench._cli import parse_with_overrides  # noqa: E402
 
-STAGE2 = ["grpo.kl_coef=0.0", "grpo.temperature=0.8"]  # ExpRL's Stage II: sparse GRPO, KL 0, temperature 0.8
+STAGE2 = ["policy_loss.kl_coef=0.0", "sampling.temperature=0.8"]  # ExpRL's Stage II: sparse GRPO, KL 0, temperature 0.8
 
 
 def parse_args() -> argparse.Namespace:
@@ -85,7 +85,7 @@ def main() -> int:
         verifier, _ = reasoning_tools(cfg)
         ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier,
                                method=get_method(str(cfg.method)), pad_id=_pad_id(generator), reference_judge=judge)
-        sampler = PromptSampler(train_set, int(cfg.grpo.prompts_per_step), seed, True)
+        sampler = PromptSampler(train_set, int(cfg.sampling.prompts_per_step), seed, True)
         return [reasoning_train_step(ctx, sampler.next_batch(), step) for step in range(1, steps + 1)]
 
     def evaluate(cfg, generator, problems, n: int):  # the step-0 evaluation stream of cfg's run.seed

@@ -176,7 +176,7 @@ def apply_override(tree: dict[str, Any], override: str, prov: dict[str, str]) ->
         key, raw = body.split("=", 1)
     key = key.strip()
     if not _KEY_RE.match(key):
-        raise ConfigError(f"{OVERRIDE_SOURCE} {override!r}: {key!r} is not a dotted key like grpo.group_size")
+        raise ConfigError(f"{OVERRIDE_SOURCE} {override!r}: {key!r} is not a dotted key like sampling.group_size")
     parts = key.split(".")
     exists, _ = _lookup(tree, parts)
     if mode == "set" and not (exists or _schema_has(key)):

@@ -206,7 +206,7 @@ def critic_warmup(ctx: ReasoningContext, step: int) -> bool:
 def group_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exprl.StepScores,
                             batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Eq. 1 of RISE-RL / GRPO: group-normalised rewards, one per row."""
-    batch["advantages"] = group_advantages(scored.rewards, eps=float(ctx.cfg.grpo.eps), valid=scored.valid)[scored.valid]
+    batch["advantages"] = group_advantages(scored.rewards, eps=float(ctx.cfg.advantage.eps), valid=scored.valid)[scored.valid]
     return {}
 
 
@@ -279,7 +279,7 @@ def sample_groups(
     ``generate(prompts, G)`` call (the PPO / GRPO sampling stream); otherwise one call with N * G prompts,
     n = 1, regrouped."""
     params = sampling_params(ctx.cfg, step, STREAM_NATURAL)
-    g = int(ctx.cfg.grpo.group_size)
+    g = int(ctx.cfg.sampling.group_size)
     prompts = [list(p.messages) for p in problems]
     if prefixes is None or not any(len(x) for row in prefixes for x in row):
         return ctx.generator.generate(prompts, g, params)

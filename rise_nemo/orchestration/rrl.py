@@ -87,7 +87,7 @@ class RRLHooks(StepHooks):
     def __init__(self, cfg: Any, n_train_problems: int):
         r = cfg.rrl
         self.beta = float(r.beta)
-        per_step = int(cfg.grpo.prompts_per_step)
+        per_step = int(cfg.sampling.prompts_per_step)
         self.steps_per_epoch = int(r.steps_per_epoch) if r.steps_per_epoch is not None else max(
             1, math.ceil(n_train_problems / per_step))
         self.sources = tuple(str(s) for s in r.state_sources)
@@ -105,7 +105,7 @@ class RRLHooks(StepHooks):
                      step: int) -> list[list[list[int]]] | None:
         self._p = replay_probability(step, self.steps_per_epoch, self.beta)
         self._replayed = {}
-        g = int(ctx.cfg.grpo.group_size)
+        g = int(ctx.cfg.sampling.group_size)
         out: list[list[list[int]]] = []
         for i, problem in enumerate(problems):
             row: list[list[int]] = []

@@ -38,7 +38,7 @@ from rise_nemo.core.guidance import (
     sentence_span,
     token_span_mask,
 )
-from rise_nemo.core.losses import ObjectiveConfig, make_policy_loss, overlong_penalty
+from rise_nemo.core.losses import ObjectiveConfig, overlong_penalty, policy_loss_fn
 from rise_nemo.core.metrics import finite_or_none
 from rise_nemo.core.prompts import (
     build_privileged_prompt,
@@ -223,7 +223,7 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
         ctx.last_samples = sample_records(step, prompts, nat, priv, targets, samples, ctx.samples_per_step)
     batch = build_batch(samples, ctx.pad_id)
     batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
-    train_metrics = ctx.policy.train(batch, make_loss_fn(ctx, lam))  # eq. 12, ONE call for both kinds
+    train_metrics = ctx.policy.train(batch, step_loss_fn(ctx, lam))  # eq. 12, ONE call for both kinds
     t_train = time.perf_counter()
 
     delta_r = guidance_delta(nat, priv, targets)  # eq. 13
@@ -239,16 +239,16 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
 
 def sampling_params(cfg: Any, step: int, stream: int) -> SamplingParams:
     return SamplingParams(
-        max_new_tokens=int(cfg.grpo.max_new_tokens),
-        temperature=float(cfg.grpo.temperature),
-        top_p=float(cfg.grpo.top_p),
+        max_new_tokens=int(cfg.sampling.max_new_tokens),
+        temperature=float(cfg.sampling.temperature),
+        top_p=float(cfg.sampling.top_p),
         seed=derive_seed(int(cfg.run.seed), step, stream),
     )
 
 
 def sample_natural(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> list[list[Rollout]]:
     """G rollouts per prompt under the original conversation (RuscaRL: under per-sample scaffolds)."""
-    g = int(ctx.cfg.grpo.group_size)
+    g = int(ctx.cfg.sampling.group_size)
     params = sampling_params(ctx.cfg, step, STREAM_NATURAL)
     if not ctx.method.ruscarl:
         return ctx.generator.generate([list(p.messages) for p in prompts], g, params)
@@ -284,7 +284,7 @@ def judge_and_score(
             valid[i, j] = True
         if ctx.cfg.reward.overlong_buffer > 0 and group:
             lengths = [len(r.response_token_ids) for r in group]
-            pen = overlong_penalty(lengths, int(ctx.cfg.grpo.max_new_tokens), int(ctx.cfg.reward.overlong_buffer),
+            pen = overlong_penalty(lengths, int(ctx.cfg.sampling.max_new_tokens), int(ctx.cfg.reward.overlong_buffer),
                                    float(ctx.cfg.reward.overlong_factor))
             rewards[i, : len(group)] += torch.where(valid[i, : len(group)], pen, torch.zeros_like(pen))
     return Scored(list(map(list, groups)), verdicts, rewards, valid)
@@ -294,7 +294,7 @@ def judge_and_score(
 def rubric_group_advantages(ctx: StepContext, scored: Scored) -> torch.Tensor:
     """Eq. 1 over each prompt's natural group, [N, G] (the rubric step's estimator; coupled_samples re-derives
     the coupled groups' from it)."""
-    return group_advantages(scored.rewards, eps=ctx.cfg.grpo.eps, valid=scored.valid)
+    return group_advantages(scored.rewards, eps=ctx.cfg.advantage.eps, valid=scored.valid)
 
 
 def judge_groups(
@@ -379,7 +379,7 @@ def budget_feedback(
             share = failure_matrix(valid_verdicts(nat.verdicts[i], nat.valid[i]), prompt.rubric.weights).float().mean(0).tolist()
         candidates.append(i)
         priorities.append(max(share[k] for k in chosen))
-    g_priv = int(ctx.cfg.rise.privileged_group_size or ctx.cfg.grpo.group_size)
+    g_priv = int(ctx.cfg.rise.privileged_group_size or ctx.cfg.sampling.group_size)
     kept = {candidates[j] for j in budget_targets(priorities, int(nat.rewards.numel()), g_priv,
                                                   ctx.options.privileged_budget)}
     out = [chosen if i in kept else [] for i, chosen in enumerate(feedback)]
@@ -392,7 +392,7 @@ def sample_privileged(
     """G' rollouts per target prompt under its privileged prompt (eq. 6), judged on the ORIGINAL rubric."""
     if not targets:
         return None
-    g_priv = int(ctx.cfg.rise.privileged_group_size or ctx.cfg.grpo.group_size)
+    g_priv = int(ctx.cfg.rise.privileged_group_size or ctx.cfg.sampling.group_size)
     templates = hint_templates(hint_style(ctx.cfg))
     hinted = [build_privileged_prompt(list(prompts[i].messages), feedback[i], ctx.rng, templates) for i in targets]
     rollouts = ctx.generator.generate(hinted, g_priv, sampling_params(ctx.cfg, step, STREAM_PRIVILEGED))
@@ -534,8 +534,8 @@ def coupled_samples(
     targets: list[int],
 ) -> tuple[list[TrainSample], dict[str, Any]]:
     """Coupled ablation: privileged rows join their prompt's natural group (eq. 1 over G + G'), all kind 0."""
-    adv_nat = group_advantages(nat.rewards, eps=ctx.cfg.grpo.eps, valid=nat.valid).clone()  # [N, G]
-    adv_n, adv_p = coupled_group_advantages(nat.rewards[targets], priv.rewards, eps=ctx.cfg.grpo.eps,
+    adv_nat = group_advantages(nat.rewards, eps=ctx.cfg.advantage.eps, valid=nat.valid).clone()  # [N, G]
+    adv_n, adv_p = coupled_group_advantages(nat.rewards[targets], priv.rewards, eps=ctx.cfg.advantage.eps,
                                             nat_valid=nat.valid[targets], priv_valid=priv.valid)
     adv_nat[targets] = adv_n
     samples = natural_samples(ctx, prompts, natural, nat, adv_nat)
@@ -583,22 +583,24 @@ def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, to
     }
 
 
-def make_loss_fn(ctx: StepContext, lam: float):
-    """Eq. 12 with this step's lambda_guide; a picklable partial (NeMo-RL ships the loss to its workers)."""
+def step_loss_fn(ctx: StepContext, lam: float):
+    """This step's loss: the method's registered loss factory with this step's lambda_guide (eq. 12); a picklable
+    partial (NeMo-RL ships the loss to its workers)."""
     return ctx.method.loss_factory()(ctx.cfg, lam, ctx.method.token_weighting)
 
 
 @register_loss("policy_gradient")
-def make_policy_loss_fn(cfg: Any, lam: float = 0.0, token_weighting: str = "policy_support"):
-    """The recipe's policy loss (core.losses.make_policy_loss): eq. 12 with ``lam``; with lam 0 and per-token
-    advantages, PPO's clipped surrogate. It says whether it needs reference log-probs (KL > 0)."""
-    g = cfg.grpo
+def recipe_policy_loss_fn(cfg: Any, lam: float = 0.0, token_weighting: str = "policy_support"):
+    """The loss factory ``policy_gradient``: core.losses.policy_loss_fn with the recipe's ``policy_loss:`` and
+    ``rise:`` settings: eq. 12 with ``lam``; with lam 0 and per-token advantages, PPO's clipped surrogate. It says
+    whether it needs reference log-probs (KL > 0)."""
+    g = cfg.policy_loss
     objective = ObjectiveConfig(
         clip_low=float(g.clip_low), clip_high=float(g.clip_high), kl_coef=float(g.kl_coef),
         entropy_coef=float(g.entropy_coef), lambda_guide=lam, gamma=float(cfg.rise.gamma),
         a_max=float(cfg.rise.a_max), token_weighting=token_weighting,
     )
-    return make_policy_loss(objective)
+    return policy_loss_fn(objective)
 
 
 def guidance_delta(nat: Scored, priv: Scored | None, targets: list[int]) -> float | None:
