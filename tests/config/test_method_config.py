@@ -23,7 +23,7 @@ def test_schema_methods_come_from_the_registry():
 def test_method_defaults_apply_unless_the_recipe_sets_the_key():
     ppo = config_from_dict({"method": "ppo"})
     assert (ppo.policy_loss.kl_coef, ppo.sampling.temperature, ppo.sampling.top_p) == (0.001, 0.8, 0.9)
-    assert config_from_dict({"method": "ppo", "grpo": {"kl_coef": 0.0}}).policy_loss.kl_coef == 0.0
+    assert config_from_dict({"method": "ppo", "policy_loss": {"kl_coef": 0.0}}).policy_loss.kl_coef == 0.0
     rise = config_from_dict({"method": "rise"})
     assert (rise.policy_loss.kl_coef, rise.sampling.temperature, rise.sampling.top_p) == (0.0, 1.0, 1.0)
 
@@ -41,7 +41,7 @@ def test_loss_defaults_and_rules_are_the_objectives():
     with pytest.raises(ValueError, match="a_max"):
         ObjectiveConfig(a_max=-0.1)
     with pytest.raises(ConfigError, match="policy_loss.kl_coef"):  # rejected at load, not after the first generation
-        config_from_dict({"grpo": {"kl_coef": -1.0}})
+        config_from_dict({"policy_loss": {"kl_coef": -1.0}})
 
 
 def test_the_unused_optim_block_is_gone():
