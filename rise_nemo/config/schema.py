@@ -280,6 +280,26 @@ class RecipeCfg:
 
 _POLICY_LOSS_FIELDS = tuple(f.name for f in fields(PolicyLossCfg))
 
+# Keys of earlier releases: old dotted key -> its new name. A recipe or override that still uses one fails with
+# one line naming the new key (config.loader). ``grpo:`` configured sampling, the policy loss and eq. 1's eps of
+# every method, so it was split by what it configures (docs/usage.md "Configuration blocks").
+RENAMED_KEYS: dict[str, str] = {
+    **{f"grpo.{f.name}": f"sampling.{f.name}" for f in fields(SamplingCfg)},
+    **{f"grpo.{f.name}": f"policy_loss.{f.name}" for f in fields(PolicyLossCfg)},
+    "grpo.eps": "advantage.eps",
+}
+RENAMED_BLOCKS: dict[str, str] = {"grpo": "'sampling', 'policy_loss' and 'advantage'"}
+
+
+def renamed_key_message(dotted: str) -> str | None:
+    """Why ``dotted`` is no longer a key (it or its block was renamed), or None."""
+    if dotted in RENAMED_KEYS:
+        return f"key {dotted!r} was renamed to {RENAMED_KEYS[dotted]!r}"
+    block = dotted.split(".", 1)[0]
+    if block in RENAMED_BLOCKS:
+        return f"key {dotted!r}: block {block!r} was split into {RENAMED_BLOCKS[block]}"
+    return None
+
 
 class _RegisteredMethods:
     """'one of [...]' over the registry at the time of the check (a test may register a method)."""

@@ -64,6 +64,10 @@ def test_train_rejects_bad_overrides_and_recipes(tmp_path, tokenizer_dir, capsys
     assert "unknown key 'sampling.groupsize'" in capsys.readouterr().err
     assert main(["train", "--config", str(recipe), "sampling.group_size"]) == 2
     assert "expected key=value" in capsys.readouterr().err
+    assert main(["train", "--config", str(recipe), "grpo.group_size=4"]) == 2  # a key of an earlier release
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("command-line override 'grpo.group_size=4': key 'grpo.group_size' was renamed to "
+                        "'sampling.group_size'") and "\n" not in err, err
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"defaults: {recipe.name}\ntrain:\n  stepz: 3\n")
     assert main(["train", "--config", str(bad)]) == 2

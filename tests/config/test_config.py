@@ -150,3 +150,52 @@ def test_every_shipped_recipe_validates():
             continue
         cfg = load_config(path)
         assert cfg.method in METHODS, path
+
+
+# -- keys of earlier releases (schema.RENAMED_KEYS) ----------------------------------------------------------
+
+def test_every_renamed_key_points_at_a_schema_key():
+    from rise_nemo.config.loader import _schema_has
+    from rise_nemo.config.schema import RENAMED_KEYS
+
+    assert RENAMED_KEYS["grpo.group_size"] == "sampling.group_size" and RENAMED_KEYS["grpo.eps"] == "advantage.eps"
+    assert RENAMED_KEYS["grpo.kl_coef"] == "policy_loss.kl_coef"
+    assert all(_schema_has(new) and not _schema_has(old) for old, new in RENAMED_KEYS.items())
+
+
+@pytest.mark.parametrize(("old", "new"), [("group_size", "sampling.group_size"), ("kl_coef", "policy_loss.kl_coef"),
+                                          ("eps", "advantage.eps")])
+def test_an_old_key_in_a_recipe_file_names_the_file_and_the_new_key(tmp_path, old, new):
+    recipe = write(tmp_path / "r.yaml", {"run": {"name": "x"}, "grpo": {old: 4}})
+    with pytest.raises(ConfigError) as info:
+        load_config(recipe)
+    assert str(info.value) == f"{recipe}: key 'grpo.{old}' was renamed to '{new}'"
+
+
+def test_an_old_key_in_an_inherited_file_names_that_file(tmp_path):
+    base = write(tmp_path / "common" / "base.yaml", {"grpo": {"temperature": 0.8}})
+    child = write(tmp_path / "child.yaml", {"defaults": "common/base.yaml", "sampling": {"group_size": 4}})
+    with pytest.raises(ConfigError) as info:
+        load_config(child)
+    assert str(info.value) == f"{base}: key 'grpo.temperature' was renamed to 'sampling.temperature'"
+    with pytest.raises(ConfigError, match=r"^<dict>: key 'grpo\.top_p' was renamed to 'sampling\.top_p'$"):
+        config_from_dict({"grpo": {"top_p": 0.9}})
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("grpo.group_size=4", "key 'grpo.group_size' was renamed to 'sampling.group_size'"),
+    ("++grpo.clip_high=0.3", "key 'grpo.clip_high' was renamed to 'policy_loss.clip_high'"),
+    ("~grpo.eps", "key 'grpo.eps' was renamed to 'advantage.eps'"),
+    ("grpo.grop_size=4", "key 'grpo.grop_size': block 'grpo' was split into 'sampling', 'policy_loss' and 'advantage'"),
+])
+def test_an_old_key_in_an_override_names_the_new_key(tmp_path, override, message):
+    recipe = write(tmp_path / "r.yaml", {"run": {"name": "x"}})
+    with pytest.raises(ConfigError) as info:
+        load_config(recipe, [override])
+    assert str(info.value) == f"command-line override {override!r}: {message}"
+
+
+def test_nemo_rl_s_own_grpo_block_is_not_an_old_key(tmp_path):
+    recipe = write(tmp_path / "r.yaml", {"nemo": {"grpo": {"num_prompts_per_step": 4}}})
+    cfg = load_config(recipe, ["nemo.grpo.num_prompts_per_step=8"])
+    assert cfg.nemo.grpo.num_prompts_per_step == 8

@@ -199,3 +199,14 @@ def test_a_pipeline_by_name_and_a_copied_pipeline_file_find_the_shipped_recipes(
     assert [s.recipe for s in mine.stages] == [s.recipe for s in shipped.stages]
     with pytest.raises(UserError, match="pipeline 'nonesuch' not found"):
         load_pipeline("nonesuch")
+
+
+def test_an_old_key_in_a_stage_override_names_the_pipeline_stage_and_new_key(pipeline_file, capsys):
+    data = yaml.safe_load(pipeline_file.read_text())
+    data["stages"][1]["overrides"]["grpo.kl_coef"] = 0.0
+    pipeline_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["pipeline", str(pipeline_file)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"{pipeline_file}: stages[1] (stage2, recipe stage2.yaml): override 'grpo.kl_coef=0.0': "
+                        "key 'grpo.kl_coef' was renamed to 'policy_loss.kl_coef'"), err
+    assert "\n" not in err
