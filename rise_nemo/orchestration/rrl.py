@@ -40,7 +40,7 @@ from rise_nemo.core.replay import (
 from rise_nemo.errors import UserError
 from rise_nemo.interfaces import Rollout
 from rise_nemo.methods import register_hooks
-from rise_nemo.orchestration.reasoning_step import ReasoningContext, StepHooks
+from rise_nemo.orchestration.reasoning_step import ReasoningContext, StepHooks, batch_rollouts
 from rise_nemo.orchestration.step import TrainSample, build_batch
 from rise_nemo.orchestration.tokens import encode_response, find_tokenizer
 
@@ -122,26 +122,23 @@ class RRLHooks(StepHooks):
                     rewards: torch.Tensor, valid: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         before = dict(self.buffer.stats)
         solved = {True: [0, 0], False: [0, 0]}  # replayed? -> [correct, valid]
-        row, canonical_needed = 0, []
+        canonical_needed: list[int] = []
         stable = self.stabilisation.stable
-        for i, (problem, group) in enumerate(zip(problems, groups)):
-            for j, rollout in enumerate(group):
-                if not bool(valid[i, j]):
-                    continue
-                correct = float(rewards[i, j]) > 0.5
-                replayed = (i, j) in self._replayed
-                solved[replayed][0] += correct
-                solved[replayed][1] += 1
-                if replayed and correct:
-                    self.buffer.remove(problem.prompt_id, self._replayed[i, j])
-                elif not replayed and stable:
-                    if SOURCE_POLICY in self.sources:
-                        self._push_best(ctx, problem.prompt_id, rollout.response_token_ids, batch["values"][row],
-                                        int(batch["input_lengths"][row]) - len(rollout.response_token_ids),
-                                        SOURCE_POLICY)
-                    if not correct and SOURCE_CANONICAL in self.sources and i not in canonical_needed:
-                        canonical_needed.append(i)
-                row += 1
+        for row, (i, j, rollout) in enumerate(batch_rollouts(batch, groups, valid)):  # row b = valid rollout b
+            problem = problems[i]
+            correct = float(rewards[i, j]) > 0.5
+            replayed = (i, j) in self._replayed
+            solved[replayed][0] += correct
+            solved[replayed][1] += 1
+            if replayed and correct:
+                self.buffer.remove(problem.prompt_id, self._replayed[i, j])
+            elif not replayed and stable:
+                if SOURCE_POLICY in self.sources:
+                    self._push_best(ctx, problem.prompt_id, rollout.response_token_ids, batch["values"][row],
+                                    int(batch["input_lengths"][row]) - len(rollout.response_token_ids),
+                                    SOURCE_POLICY)
+                if not correct and SOURCE_CANONICAL in self.sources and i not in canonical_needed:
+                    canonical_needed.append(i)
         if canonical_needed:
             self._push_canonical(ctx, [(problems[i], groups[i][0].prompt_token_ids) for i in canonical_needed])
         n_rollouts = sum(len(grp) for grp in groups)
