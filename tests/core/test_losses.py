@@ -161,7 +161,7 @@ def _batch(seed=0, b=6, t=7):
     return logits_like, data
 
 
-def test_rise_objective_microbatch_sum_equals_full_batch():
+def test_policy_objective_microbatch_sum_equals_full_batch():
     cfg = ObjectiveConfig(kl_coef=0.05, entropy_coef=0.01, lambda_guide=0.5)
     base, data = _batch()
     lp_full = base.clone().requires_grad_()
@@ -184,7 +184,7 @@ def test_rise_objective_microbatch_sum_equals_full_batch():
     assert m_full["loss/guide"] != 0.0 and m_full["loss/pg"] != 0.0
 
 
-def test_rise_objective_decomposes_into_terms_and_keeps_kinds_apart():
+def test_policy_objective_decomposes_into_terms_and_keeps_kinds_apart():
     cfg = ObjectiveConfig(lambda_guide=0.25)
     base, data = _batch()
     lp = base.clone().requires_grad_()
@@ -204,7 +204,7 @@ def test_rise_objective_decomposes_into_terms_and_keeps_kinds_apart():
     assert m3["loss/guide"] == pytest.approx(m["loss/guide"]) and m3["loss/pg"] != pytest.approx(m["loss/pg"])
 
 
-def test_rise_objective_lambda_zero_and_missing_keys():
+def test_policy_objective_lambda_zero_and_missing_keys():
     base, data = _batch()
     lp = base.clone().requires_grad_()
     loss, m = policy_objective(lp, data, ObjectiveConfig(lambda_guide=0.0))
@@ -218,7 +218,7 @@ def test_rise_objective_lambda_zero_and_missing_keys():
         policy_objective(base, {k: v for k, v in data.items() if k != "natural_token_count"}, ObjectiveConfig())
 
 
-def test_rise_objective_ignores_inf_at_padding():
+def test_policy_objective_ignores_inf_at_padding():
     base, data = _batch()
     lp = base.clone()
     lp[data["token_mask"] == 0] = -math.inf

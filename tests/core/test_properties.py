@@ -116,7 +116,7 @@ def test_chunked_logprobs_equal_naive(b, t, v, chunk, dtype, seed):
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(2, 8), st.integers(0, 2**31 - 1), st.data())
-def test_rise_objective_microbatch_invariant(b, seed, data):
+def test_policy_objective_microbatch_invariant(b, seed, data):
     g = torch.Generator().manual_seed(seed)
     t = 6
     token_mask = (torch.rand(b, t, generator=g) > 0.3).float()
