@@ -282,7 +282,7 @@ _POLICY_LOSS_FIELDS = tuple(f.name for f in fields(PolicyLossCfg))
 
 # Keys of earlier releases: old dotted key -> its new name. A recipe or override that still uses one fails with
 # one line naming the new key (config.loader). ``grpo:`` configured sampling, the policy loss and eq. 1's eps of
-# every method, so it was split by what it configures (docs/usage.md "Configuration blocks").
+# every method, so it was split by what it configures (docs/usage.md "CLI and configuration").
 RENAMED_KEYS: dict[str, str] = {
     **{f"grpo.{f.name}": f"sampling.{f.name}" for f in fields(SamplingCfg)},
     **{f"grpo.{f.name}": f"policy_loss.{f.name}" for f in fields(PolicyLossCfg)},
