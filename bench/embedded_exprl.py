@@ -64,7 +64,7 @@ def main() -> int:
     from rise_nemo.judges.rule_server import RuleGraderServer
     from rise_nemo.methods import get_method
     from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools
-    from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
+    from rise_nemo.orchestration.reasoning_step import ReasoningContext
     from rise_nemo.orchestration.reasoning_warm_start import evaluate_heldout, warm_started_backend
     from rise_nemo.orchestration.trainer import _pad_id
 
@@ -83,10 +83,12 @@ def main() -> int:
     def train(cfg, policy, generator, steps: int, seed: int, judge=None) -> list[dict]:
         train_set, _ = load_prompts(cfg)
         verifier, _ = reasoning_tools(cfg)
+        method = get_method(str(cfg.method))
         ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier,
-                               method=get_method(str(cfg.method)), pad_id=_pad_id(generator), reference_judge=judge)
+                               method=method, pad_id=_pad_id(generator), reference_judge=judge)
+        train_step = method.training_step().train_step  # the method's registered step (sft: no sampling)
         sampler = PromptSampler(train_set, int(cfg.sampling.prompts_per_step), seed, True)
-        return [reasoning_train_step(ctx, sampler.next_batch(), step) for step in range(1, steps + 1)]
+        return [train_step(ctx, sampler.next_batch(), step) for step in range(1, steps + 1)]
 
     def evaluate(cfg, generator, problems, n: int):  # the step-0 evaluation stream of cfg's run.seed
         return evaluate_heldout(cfg, generator, problems, n)
