@@ -255,7 +255,7 @@ def test_resume_must_match_the_checkpoint_the_policy_was_built_from(tmp_path):
 def test_other_methods_run_one_step(tmp_path, method, kl):
     policy, generator, events, cpu_policy, _ = make_backend(behaviour_ratio=True)
     tree = recipe(tmp_path, method, steps=1)
-    tree["policy_loss"]["kl_coef"] = kl
+    tree["policy_loss"] = {"kl_coef": kl}
     cfg = config_from_dict(tree)
     trainer = Trainer(cfg, policy, generator, build_judge(cfg.judge), make_prompts(4), make_prompts(2, 4),
                       run_dir=tmp_path)
