@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from bench._cli import parse_with_overrides  # noqa: E402
 
-STAGE2 = ["grpo.kl_coef=0.0", "grpo.temperature=0.8"]  # ExpRL's Stage II: sparse GRPO, KL 0, temperature 0.8
+STAGE2 = ["policy_loss.kl_coef=0.0", "sampling.temperature=0.8"]  # ExpRL's Stage II: sparse GRPO, KL 0, temperature 0.8
 
 
 def parse_args() -> argparse.Namespace:
@@ -97,12 +97,12 @@ def main() -> int:
     def train(cfg, policy, generator, steps: int, seed: int, judge=None) -> list[dict]:
         train_set, _ = load_prompts(cfg)
         verifier, _ = reasoning_tools(cfg)
+        method = get_method(str(cfg.method))
         ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier,
-                               method=get_method(str(cfg.method)), pad_id=pad_id_of(generator), reference_judge=judge)
-        sampler = PromptSampler(train_set, int(cfg.grpo.prompts_per_step), seed, True)
-        # The method's registered step (the sft arm has its own, rise_nemo.orchestration.reasoning_step.SFTStep)
-        step_fn = ctx.method.training_step().train_step
-        return [step_fn(ctx, sampler.next_batch(), step) for step in range(1, steps + 1)]
+                               method=method, pad_id=pad_id_of(generator), reference_judge=judge)
+        train_step = method.training_step().train_step  # the method's registered step (sft: no sampling)
+        sampler = PromptSampler(train_set, int(cfg.sampling.prompts_per_step), seed, True)
+        return [train_step(ctx, sampler.next_batch(), step) for step in range(1, steps + 1)]
 
     def evaluate(cfg, generator, problems, n: int):  # the step-0 evaluation stream of cfg's run.seed
         return evaluate_heldout(cfg, generator, problems, n)

@@ -198,7 +198,7 @@ def onepass_step_ratios(args, condition=()) -> tuple[float, float, dict]:
     from rise_nemo.orchestration.data import load_prompts
 
     cfg = config("rise_onepass", 0, Path(args.out) / "timing_rise_onepass", args, condition)
-    epoch = -(-len(load_prompts(cfg)[0]) // int(cfg.grpo.prompts_per_step))  # steps per epoch
+    epoch = -(-len(load_prompts(cfg)[0]) // int(cfg.sampling.prompts_per_step))  # steps per epoch
     n = args.timing_steps
     times = interleaved_step_times(args, ("rubric_rl", "rise_onepass"), epoch + n, epoch + n + 1, condition)
     ratios = [a / b for a, b in zip(times["rise_onepass"], times["rubric_rl"])]

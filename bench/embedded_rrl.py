@@ -120,7 +120,7 @@ def main() -> int:
             ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier, method=method,
                                    critic=build_critic(cfg, policy), pad_id=pad_id_of(generator),
                                    rng=random.Random(seed), hooks=make_step_hooks(cfg, method.name, len(train)))
-            sampler = PromptSampler(train, int(cfg.grpo.prompts_per_step), seed, True)
+            sampler = PromptSampler(train, int(cfg.sampling.prompts_per_step), seed, True)
             steps = []
             for step in range(1, args.steps + 1):
                 steps.append(reasoning_train_step(ctx, sampler.next_batch(), step))

@@ -105,7 +105,7 @@ def main() -> int:
             critic = build_critic(cfg, policy) if m.critic else None
             ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier, method=m,
                                    critic=critic, pad_id=pad_id_of(generator))
-            sampler = PromptSampler(train, int(cfg.grpo.prompts_per_step), seed, True)
+            sampler = PromptSampler(train, int(cfg.sampling.prompts_per_step), seed, True)
             t_run = time.perf_counter()
             rewards = []
             for step in range(1, args.steps + 1):

@@ -73,8 +73,8 @@ def config(args, run_dir: Path):
 
     return load_config(REPO / "recipes" / "rubric_rl_tiny_cpu.yaml", [
         f"run.dir={run_dir}", "train.checkpoint_every=0", "train.progress=false", "eval.at_start=false",
-        "eval.every=0", "local.num_threads=1", f"grpo.prompts_per_step={PROMPTS}", f"grpo.group_size={GROUP}",
-        f"grpo.max_new_tokens={NEW_TOKENS}", "grpo.temperature=1.0", "grpo.top_p=1.0", "grpo.kl_coef=0.0",
+        "eval.every=0", "local.num_threads=1", f"sampling.prompts_per_step={PROMPTS}", f"sampling.group_size={GROUP}",
+        f"sampling.max_new_tokens={NEW_TOKENS}", "sampling.temperature=1.0", "sampling.top_p=1.0", "policy_loss.kl_coef=0.0",
         f"++local.micro_batch_size={MICRO}", f"++local.generation_batch_size={PROMPTS * GROUP}",
         *args.overrides,
     ])
@@ -134,7 +134,7 @@ def worker_ours(args) -> None:
     reset_ok = reset_peak_rss()
     send({"ready": True, "model_dir": str(model_dir), "prompt_ids": [[p.prompt_id for p in b] for b in batches],
           "optim": {k: getattr(tr.policy.engine.cfg, k) for k in ("lr", "betas", "eps", "weight_decay", "grad_clip")},
-          "clip": [float(tr.cfg.grpo.clip_low), float(tr.cfg.grpo.clip_high)]})
+          "clip": [float(tr.cfg.policy_loss.clip_low), float(tr.cfg.policy_loss.clip_high)]})
     for k, batch in enumerate(batches, start=1):
         if wait_command() != "step":
             break

@@ -184,12 +184,12 @@ class Method:
 
 # The paper settings of PPO-family reasoning methods (RRL's paper, docs/DESIGN.md §7): token KL 0.001,
 # temperature 0.8, top-p 0.9.
-_PPO_DEFAULTS = {"grpo.kl_coef": 0.001, "grpo.temperature": 0.8, "grpo.top_p": 0.9}
+_PPO_DEFAULTS = {"policy_loss.kl_coef": 0.001, "sampling.temperature": 0.8, "sampling.top_p": 0.9}
 
 # ExpRL's Stage I scripts (docs/DESIGN.md §2c, §8): k3 KL loss 0.001, temperature 0.8, asymmetric clip
 # 0.2 / 0.28 (outcome) and 0.2 / 0.26 (process).
-_EXPRL_DEFAULTS = {"grpo.kl_coef": 0.001, "grpo.temperature": 0.8, "grpo.top_p": 1.0, "grpo.clip_low": 0.2,
-                   "grpo.clip_high": 0.28}
+_EXPRL_DEFAULTS = {"policy_loss.kl_coef": 0.001, "sampling.temperature": 0.8, "sampling.top_p": 1.0, "policy_loss.clip_low": 0.2,
+                   "policy_loss.clip_high": 0.28}
 
 _RUBRIC = dict(step="rubric", scorer="rubric_judge", advantage="rubric", judge="rubric", verifier=False)
 _OPD_ELSEWHERE = ("'opd' (on-policy distillation) runs on NeMo-RL's distillation path: "
@@ -212,13 +212,13 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "replay buffer (Algorithm 1; state tokens masked, eq. 3)", step="reasoning", advantage="gae",
            critic=True, hooks="rrl", defaults=dict(_PPO_DEFAULTS)),
     Method("grpo", "GRPO on a sparse 0/1 verifier reward (group advantages)", step="reasoning",
-           defaults={"grpo.temperature": 0.8, "grpo.top_p": 0.9}),
+           defaults={"sampling.temperature": 0.8, "sampling.top_p": 0.9}),
     Method("exprl_outcome", "ExpRL-Outcome: GRPO on a reference judge's normalised 1-5 score", step="reasoning",
            scorer="reference_outcome", judge="reference", defaults=dict(_EXPRL_DEFAULTS)),
     Method("exprl_process", "ExpRL-Process: per-segment reference scores, A_1 = s_1 - s_T, "
            "A_t = s_t - s_(t-1) per token, no group normalisation", step="reasoning",
            scorer="reference_process", advantage="segment", judge="reference",
-           defaults={**_EXPRL_DEFAULTS, "grpo.clip_high": 0.26}),
+           defaults={**_EXPRL_DEFAULTS, "policy_loss.clip_high": 0.26}),
     Method("self_distillation", "on-policy self-distillation: the policy with the reference in "
            "context is the teacher on the student's own samples", step="reasoning",
            advantage="self_distillation", defaults=dict(_EXPRL_DEFAULTS)),

@@ -35,8 +35,8 @@ def test_a_bad_choice_is_still_an_argparse_error():
 def test_trl_parity_cli_quick_and_bad_pairs():
     from bench.trl_parity import parse_args
 
-    args = parse_args(["--quick", "grpo.temperature=1.0"])
-    assert args.pairs == 1 and args.overrides == ["grpo.temperature=1.0"]
+    args = parse_args(["--quick", "sampling.temperature=1.0"])
+    assert args.pairs == 1 and args.overrides == ["sampling.temperature=1.0"]
     assert parse_args(["--pairs", "3"]).pairs == 3
     with pytest.raises(SystemExit):
         parse_args(["--pairs", "0"])

@@ -155,7 +155,7 @@ def _one_line(err: str) -> str:
 
 TINY_CPU = ["train.steps=1", "train.progress=false", "eval.every=0", "eval.at_start=false", "eval.samples_per_prompt=2",
             "++data.warm_start.steps=3", "++data.warm_start.eval_samples=1", "++data.task.train_per_topic=1",
-            "++data.task.heldout_per_topic=1", "grpo.prompts_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=8",
+            "++data.task.heldout_per_topic=1", "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=8",
             "local.num_threads=1"]
 
 

@@ -49,7 +49,7 @@ def toy_reinforce_advantages(ctx, problems, groups, scored, batch):
 @pytest.fixture
 def toy_method():
     method = register_method(Method(TOY, "REINFORCE, batch-mean baseline (test)", step="reasoning",
-                                     advantage=TOY, defaults={"grpo.temperature": 0.9}))
+                                     advantage=TOY, defaults={"sampling.temperature": 0.9}))
     CALLS.clear()
     yield method
     unregister_method(TOY)
@@ -73,7 +73,7 @@ def test_a_toy_method_registered_here_trains_checkpoints_and_resumes_through_the
         assert m["toy/baseline"] == pytest.approx(float(call["rewards"].mean()))
         assert m["loss/pg"] is not None
     config = yaml.safe_load((tmp_path / "full" / "config.yaml").read_text())
-    assert config["method"] == TOY and config["grpo"]["temperature"] == 0.9  # the method's own default
+    assert config["method"] == TOY and config["sampling"]["temperature"] == 0.9  # the method's own default
     summary = json.loads((tmp_path / "full" / "summary.json").read_text())
     assert summary["method"] == TOY and summary["steps"] == 2
 

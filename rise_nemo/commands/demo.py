@@ -105,8 +105,8 @@ def run_rubric(args: argparse.Namespace, recipes: Path, out: Path) -> int:
             shutil.rmtree(run_dir)  # the demo always trains from the warm start, never resumes
         from rise_nemo.orchestration.run import build_trainer
 
-        print(f"\n=== {method}: {cfg.train.steps} steps, {cfg.grpo.prompts_per_step} prompts x "
-              f"{cfg.grpo.group_size} samples per step ({recipes / recipe}) ===", flush=True)
+        print(f"\n=== {method}: {cfg.train.steps} steps, {cfg.sampling.prompts_per_step} prompts x "
+              f"{cfg.sampling.group_size} samples per step ({recipes / recipe}) ===", flush=True)
         trainer = build_trainer(cfg)  # the warm start (or its cache) happens here, outside the timing
         t0 = time.perf_counter()
         trainer.run()  # training steps and the guidance-free evaluations
@@ -217,8 +217,8 @@ def run_reasoning(args: argparse.Namespace, recipes: Path, out: Path) -> int:
         run_dir = Path(str(cfg.run.dir))
         if run_dir.exists():
             shutil.rmtree(run_dir)  # the demo always trains from the warm start, never resumes
-        print(f"\n=== {method}: {cfg.train.steps} steps, {cfg.grpo.prompts_per_step} problems x "
-              f"{cfg.grpo.group_size} samples per step on levels {list(cfg.data.task.train_levels)} ({recipe}) "
+        print(f"\n=== {method}: {cfg.train.steps} steps, {cfg.sampling.prompts_per_step} problems x "
+              f"{cfg.sampling.group_size} samples per step on levels {list(cfg.data.task.train_levels)} ({recipe}) "
               "===", flush=True)
         try:
             trainer = build_trainer(cfg)  # the warm start (from the cache) happens here, outside the timing

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from rise_nemo.config.schema import RANGE_CHECKS, RecipeCfg
+from rise_nemo.config.schema import RANGE_CHECKS, RecipeCfg, renamed_key_message
 
 OVERRIDE_SOURCE = "command-line override"
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_0-9][A-Za-z0-9_\-]*)*$")
@@ -176,7 +176,9 @@ def apply_override(tree: dict[str, Any], override: str, prov: dict[str, str]) ->
         key, raw = body.split("=", 1)
     key = key.strip()
     if not _KEY_RE.match(key):
-        raise ConfigError(f"{OVERRIDE_SOURCE} {override!r}: {key!r} is not a dotted key like grpo.group_size")
+        raise ConfigError(f"{OVERRIDE_SOURCE} {override!r}: {key!r} is not a dotted key like sampling.group_size")
+    if (renamed := renamed_key_message(key)) is not None:
+        raise ConfigError(f"{OVERRIDE_SOURCE} {override!r}: {renamed}")
     parts = key.split(".")
     exists, _ = _lookup(tree, parts)
     if mode == "set" and not (exists or _schema_has(key)):
@@ -282,11 +284,22 @@ def _raise_inner(msg: str) -> None:
     raise _Mismatch(msg)
 
 
+def _first_leaf(value: Any, dotted: str) -> str:
+    """The dotted key of the first leaf under ``value`` (``dotted`` itself for a leaf or an empty mapping)."""
+    while isinstance(value, Mapping) and value:
+        key, value = next(iter(value.items()))
+        dotted = f"{dotted}.{key}"
+    return dotted
+
+
 def _validate_block(cls: Any, tree: Mapping[str, Any], prefix: str, prov, fallback: str) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in tree:
         if key not in fields:
+            dotted = _first_leaf(tree[key], f"{prefix}{key}")
+            if (renamed := renamed_key_message(dotted)) is not None:
+                raise ConfigError(f"{_where(prov, dotted, fallback)}: {renamed}")
             dotted = f"{prefix}{key}"
             raise ConfigError(
                 f"{_where(prov, dotted, fallback)}: unknown key {dotted!r}; "

@@ -1,7 +1,7 @@
 """Typed schema of a recipe: one dataclass per top-level block (docs/CONTRACTS.md "Configuration").
 
 Every block the orchestration reads is declared here with its type and default, so a recipe only states
-what differs from the defaults and a typo (``grpo.grop_size``) is rejected instead of silently ignored.
+what differs from the defaults and a typo (``sampling.grop_size``) is rejected instead of silently ignored.
 Blocks owned by other layers are pass-through mappings: ``nemo`` (NeMo-RL's own config tree, validated by
 ``rise_nemo.backends.nemo``), ``local`` (validated by ``rise_nemo.backends.local``), ``judge`` (validated
 by ``rise_nemo.judges.build_judge``) and ``data.task`` (the generated task's parameters).
@@ -9,7 +9,7 @@ by ``rise_nemo.judges.build_judge``) and ``data.task`` (the generated task's par
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from rise_nemo.core.loss_defaults import LOSS_DEFAULTS, LOSS_RULES
@@ -28,19 +28,36 @@ class RunCfg:
 
 
 @dataclass
-class GrpoCfg:
-    """Natural-branch GRPO (eq. 1) and its PPO-style clipped surrogate."""
+class SamplingCfg:
+    """What each step samples, for every method: ``prompts_per_step`` prompts x ``group_size`` responses
+    (NeMo-RL's grpo.num_prompts_per_step / num_generations_per_prompt, verl's data.train_batch_size /
+    rollout.n, TRL's num_generations) with these generation settings (NeMo-RL's policy.generation.*)."""
 
     prompts_per_step: int = 8
     group_size: int = 8  # G natural responses per prompt
-    eps: float = 1e-6  # epsilon_A of eq. 1
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass
+class PolicyLossCfg:
+    """The clipped policy-gradient surrogate every RL method trains with (core.losses; verl's
+    actor.clip_ratio_low / clip_ratio_high / kl_loss_coef / entropy_coeff, NeMo-RL's loss_fn.ratio_clip_min /
+    ratio_clip_max / reference_policy_kl_penalty)."""
+
     clip_low: float = LOSS_DEFAULTS["clip_low"]
     clip_high: float = LOSS_DEFAULTS["clip_high"]
     kl_coef: float = LOSS_DEFAULTS["kl_coef"]
     entropy_coef: float = LOSS_DEFAULTS["entropy_coef"]
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
+
+
+@dataclass
+class AdvantageCfg:
+    """Group-normalised advantages (eq. 1) of the group methods (rubric ones, grpo, exprl_outcome); PPO's GAE
+    is configured with its critic in ``ppo:``."""
+
+    eps: float = 1e-6  # epsilon_A of eq. 1
 
 
 @dataclass
@@ -93,7 +110,7 @@ class RiseCfg:
     gamma: float = LOSS_DEFAULTS["gamma"]  # policy-support constant of eqs. 9-10
     a_max: float = LOSS_DEFAULTS["a_max"]  # clip of the trajectory weight A~ (eq. 11)
     top_m: int | None = 5  # M of eq. 5; None = every failed criterion
-    privileged_group_size: int | None = None  # G' privileged responses per prompt; None -> grpo.group_size
+    privileged_group_size: int | None = None  # G' privileged responses per prompt; None -> sampling.group_size
     schedule: ScheduleCfg = field(default_factory=ScheduleCfg)
     # true = the paper's setting: every option below off (retention = eq. 8 only, no gate, paper hints).
     # Defaults: only retention.mask_penalised_spans is on (the others did not help on the bench; docs/results.md).
@@ -210,7 +227,7 @@ class RrlCfg:
     """Retrospective replay (method rrl; rise_nemo.orchestration.rrl, docs/DESIGN.md §9). Paper defaults."""
 
     beta: float = 0.4  # replay coefficient: p = beta * step / steps_per_epoch in epoch 1, beta after (Alg. 1, l. 4)
-    steps_per_epoch: int | None = None  # null = ceil(training problems / grpo.prompts_per_step)
+    steps_per_epoch: int | None = None  # null = ceil(training problems / sampling.prompts_per_step)
     capacity: int = 5  # states per problem
     # where states come from: policy (argmax V over a generated solution, Alg. 1 line 8) and canonical (the
     # reference solution of a problem whose rollout was wrong, line 9); [canonical] = RRL-CS, [policy] = RRL-PGS
@@ -268,8 +285,8 @@ class EvalCfg:
     samples_per_prompt: int = 8
     max_prompts: int | None = None
     temperature: float = 1.0
-    top_p: float | None = None  # None -> grpo.top_p
-    max_new_tokens: int | None = None  # None -> grpo.max_new_tokens
+    top_p: float | None = None  # None -> sampling.top_p
+    max_new_tokens: int | None = None  # None -> sampling.max_new_tokens
     persistent_tag: str = "persistent"  # criteria carrying this tag count towards persistent coverage
     # The evaluation at step s samples on the stream of step stream_offset + s (orchestration.evaluate). A
     # pipeline stage that starts from the previous stage's final weights (init: previous) gets the step those
@@ -283,7 +300,9 @@ class RecipeCfg:
     backend: Literal["local", "nemo"] = "local"
     method: str = DEFAULT_METHOD  # a registered method (rise_nemo.methods.METHODS; checked in RANGE_CHECKS)
     rise: RiseCfg = field(default_factory=RiseCfg)
-    grpo: GrpoCfg = field(default_factory=GrpoCfg)
+    sampling: SamplingCfg = field(default_factory=SamplingCfg)
+    policy_loss: PolicyLossCfg = field(default_factory=PolicyLossCfg)
+    advantage: AdvantageCfg = field(default_factory=AdvantageCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)
     reward_model: RewardModelCfg = field(default_factory=RewardModelCfg)
     code_reward: CodeRewardCfg = field(default_factory=CodeRewardCfg)
@@ -301,6 +320,29 @@ class RecipeCfg:
     nemo: dict[str, Any] = field(default_factory=dict)
 
 
+_POLICY_LOSS_FIELDS = tuple(f.name for f in fields(PolicyLossCfg))
+
+# Keys of earlier releases: old dotted key -> its new name. A recipe or override that still uses one fails with
+# one line naming the new key (config.loader). ``grpo:`` configured sampling, the policy loss and eq. 1's eps of
+# every method, so it was split by what it configures (docs/usage.md "CLI and configuration").
+RENAMED_KEYS: dict[str, str] = {
+    **{f"grpo.{f.name}": f"sampling.{f.name}" for f in fields(SamplingCfg)},
+    **{f"grpo.{f.name}": f"policy_loss.{f.name}" for f in fields(PolicyLossCfg)},
+    "grpo.eps": "advantage.eps",
+}
+RENAMED_BLOCKS: dict[str, str] = {"grpo": "'sampling', 'policy_loss' and 'advantage'"}
+
+
+def renamed_key_message(dotted: str) -> str | None:
+    """Why ``dotted`` is no longer a key (it or its block was renamed), or None."""
+    if dotted in RENAMED_KEYS:
+        return f"key {dotted!r} was renamed to {RENAMED_KEYS[dotted]!r}"
+    block = dotted.split(".", 1)[0]
+    if block in RENAMED_BLOCKS:
+        return f"key {dotted!r}: block {block!r} was split into {RENAMED_BLOCKS[block]}"
+    return None
+
+
 class _RegisteredMethods:
     """'one of [...]' over the registry at the time of the check (a test may register a method)."""
 
@@ -312,11 +354,11 @@ class _RegisteredMethods:
 RANGE_CHECKS: dict[str, tuple[Any, Any]] = {
     "method": (lambda v: v in _REGISTRY, _RegisteredMethods()),
     "run.seed": (lambda v: v >= 0, ">= 0"),
-    "grpo.prompts_per_step": (lambda v: v >= 1, ">= 1"),
-    "grpo.group_size": (lambda v: v >= 2, ">= 2 (eq. 1 needs a group)"),
-    "grpo.max_new_tokens": (lambda v: v >= 1, ">= 1"),
-    "grpo.temperature": (lambda v: v > 0, "> 0"),
-    "grpo.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "sampling.prompts_per_step": (lambda v: v >= 1, ">= 1"),
+    "sampling.group_size": (lambda v: v >= 2, ">= 2 (eq. 1 needs a group)"),
+    "sampling.max_new_tokens": (lambda v: v >= 1, ">= 1"),
+    "sampling.temperature": (lambda v: v > 0, "> 0"),
+    "sampling.top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "rise.top_m": (lambda v: v is None or v >= 1, ">= 1 or null"),
     "rise.privileged_group_size": (lambda v: v is None or v >= 1, ">= 1 or null"),
     "rise.retention.keep_threshold": (lambda v: 0 <= v <= 1, "in [0, 1]"),
@@ -363,6 +405,5 @@ RANGE_CHECKS: dict[str, tuple[Any, Any]] = {
     "rrl.stabilise.ema": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "eval.samples_per_prompt": (lambda v: v >= 1, ">= 1 (the acceptance asks for >= 8)"),
     # The policy-loss rules, identical to core.losses.ObjectiveConfig's (core.loss_defaults).
-    **{f"{'grpo' if k in ('clip_low', 'clip_high', 'kl_coef', 'entropy_coef') else 'rise'}.{k}": rule
-       for k, rule in LOSS_RULES.items()},
+    **{f"{'policy_loss' if k in _POLICY_LOSS_FIELDS else 'rise'}.{k}": rule for k, rule in LOSS_RULES.items()},
 }

@@ -1,7 +1,7 @@
 """The one set of policy-loss defaults and range rules (no torch import, so the config schema can use it).
 
 ``core.losses.ObjectiveConfig`` takes its defaults and its validation from here, and so does the recipe
-schema (``grpo.clip_low`` ... ``rise.a_max``), so a bad value is rejected when the recipe is loaded, with
+schema (``policy_loss.clip_low`` ... ``rise.a_max``), so a bad value is rejected when the recipe is loaded, with
 the same rule the loss applies. Defaults are the RISE-RL paper's (docs/DESIGN.md §2): clip 0.2 / 0.28, KL 0,
 entropy 0, gamma 0.1, lambda_guide 0.05 (writing/chat; 0.01 for health/science), a_max 1.0.
 """

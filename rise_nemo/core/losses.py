@@ -31,8 +31,8 @@ __all__ = [
     "overlong_penalty",
     "log_policy_support",
     "guide_loss",
-    "rise_objective",
-    "make_policy_loss",
+    "policy_objective",
+    "policy_loss_fn",
     "loss_needs_reference_logprobs",
 ]
 
@@ -210,21 +210,22 @@ def guide_loss(
 def _column_value(data: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
     """A global normaliser carried as a per-sample column (every row holds the same value)."""
     if key not in data:
-        raise KeyError(f"rise_objective: data is missing the global normaliser column {key!r}")
+        raise KeyError(f"policy_objective: data is missing the global normaliser column {key!r}")
     col = torch.as_tensor(data[key])
     return col.reshape(-1)[0].to(torch.float32) if col.numel() else torch.tensor(0.0)
 
 
 def _require(data: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
     if key not in data:
-        raise KeyError(f"rise_objective: data is missing required key {key!r}")
+        raise KeyError(f"policy_objective: data is missing required key {key!r}")
     return data[key]
 
 
-def rise_objective(
+def policy_objective(
     logprobs: torch.Tensor, data: Mapping[str, torch.Tensor], cfg: ObjectiveConfig
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Eq. 12: L = L_GRPO(natural rows) + lambda_guide * L_guide(guided rows) [+ kl_coef * KL - entropy_coef * H].
+    """Eq. 12: L = L_GRPO(natural rows) + lambda_guide * L_guide(guided rows) [+ kl_coef * KL - entropy_coef * H],
+    the policy objective of every RL method (without guided rows and with lambda_guide 0: the clipped PG loss).
 
     logprobs: [B, T] aligned with data['input_ids'], under the current weights (with grad).
     data: token_mask [B, T], sample_mask [B], kind [B] (KIND_NATURAL / KIND_GUIDED), advantages [B]
@@ -268,7 +269,7 @@ def rise_objective(
     kl = logprobs.new_zeros(())
     if cfg.kl_coef > 0:
         if "reference_policy_logprobs" not in data:
-            raise KeyError("rise_objective: kl_coef > 0 needs data['reference_policy_logprobs']")
+            raise KeyError("policy_objective: kl_coef > 0 needs data['reference_policy_logprobs']")
         ref = data["reference_policy_logprobs"].to(logprobs.device)
         kl = _masked_sum(kl_k3(logprobs, ref), nat_mask) / n_tokens
         total = total + cfg.kl_coef * kl
@@ -310,13 +311,13 @@ def _guide_diagnostics(
     return {"guide/mean_prob": float(mean_p), "guide/mean_support_weight": float(mean_w)}
 
 
-def make_policy_loss(cfg: ObjectiveConfig):
-    """The policy loss of every method (eq. 12; with lambda_guide 0 plain clipped PG, GAE advantages or not),
-    as a picklable ``functools.partial`` of ``rise_objective`` (NeMo-RL ships the loss to its workers) that
+def policy_loss_fn(cfg: ObjectiveConfig):
+    """``policy_objective`` bound to ``cfg``: the policy loss of every RL method (eq. 12; with lambda_guide 0 plain
+    clipped PG, GAE advantages or not), as a picklable ``functools.partial`` of ``policy_objective`` (NeMo-RL ships the loss to its workers) that
     says whether it needs reference log-probs: ``loss.needs_reference_logprobs`` (kl_coef > 0)."""
     import functools
 
-    loss = functools.partial(rise_objective, cfg=cfg)
+    loss = functools.partial(policy_objective, cfg=cfg)
     loss.needs_reference_logprobs = cfg.kl_coef > 0
     return loss
 

@@ -33,9 +33,9 @@ class EvaluationError(RuntimeError):
 
 def eval_sampling_params(cfg: Any, step: int) -> SamplingParams:
     return SamplingParams(
-        max_new_tokens=int(cfg.eval.max_new_tokens or cfg.grpo.max_new_tokens),
+        max_new_tokens=int(cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens),
         temperature=float(cfg.eval.temperature),
-        top_p=float(cfg.grpo.top_p if cfg.eval.top_p is None else cfg.eval.top_p),
+        top_p=float(cfg.sampling.top_p if cfg.eval.top_p is None else cfg.eval.top_p),
         # Seeded by the step: every method/checkpoint is evaluated on the same sampling stream. A stage that
         # continues another one's weights continues its steps (eval.stream_offset, pipeline.py), so the same
         # weights are evaluated on the same stream in both stages.

@@ -168,11 +168,7 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
     rewards, valid = scored.rewards, scored.valid  # [N, G] each
     t_sample = time.perf_counter()
 
-    samples = [TrainSample(list(r.prompt_token_ids), list(r.response_token_ids), KIND_NATURAL, 0.0,
-                           list(r.sampling_logprobs), sampled_under_train_prompt=True,
-                           given_tokens=r.given_token_count)
-               for i, g in enumerate(groups) for j, r in enumerate(g) if bool(valid[i, j])]
-    batch = build_batch(samples, ctx.pad_id)
+    batch = rollout_batch(groups, valid, ctx.pad_id)  # row b = the b-th valid rollout (valid_rollouts)
     batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
     extra: dict[str, Any] = dict(scored.metrics)
     extra["diversity/ppl_variance"] = scratch_perplexity_variance(batch, groups, valid)
@@ -194,6 +190,45 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
                              times=(t_start, t_sample, t_train))
 
 
+# ---- the batch's row order: one contract, stated and checked here ------------------------------------------
+# Row b of a step's batch is the b-th valid rollout in (problem i, sample j) order, the order of
+# ``rewards[valid]``. Every reader that maps rows back to rollouts relies on it (the advantage estimators,
+# place_token_advantages, RRL's after_score, scratch_perplexity_variance); the ones that read rollouts
+# row by row go through ``batch_rollouts``, which checks it.
+
+
+def valid_rollouts(groups: Sequence[Sequence[Rollout]], valid: torch.Tensor) -> list[tuple[int, int, Rollout]]:
+    """(i, j, rollout) of every valid rollout in (problem, sample) order: the batch's row order."""
+    return [(i, j, r) for i, g in enumerate(groups) for j, r in enumerate(g) if bool(valid[i, j])]
+
+
+def rollout_batch(groups: Sequence[Sequence[Rollout]], valid: torch.Tensor, pad_id: int) -> dict[str, torch.Tensor]:
+    """The step's training batch: row b = ``valid_rollouts(groups, valid)[b]`` (natural rows, given prefixes
+    masked out of the loss)."""
+    return build_batch([TrainSample(list(r.prompt_token_ids), list(r.response_token_ids), KIND_NATURAL, 0.0,
+                                    list(r.sampling_logprobs), sampled_under_train_prompt=True,
+                                    given_tokens=r.given_token_count)
+                        for _, _, r in valid_rollouts(groups, valid)], pad_id)
+
+
+def batch_rollouts(batch: dict[str, torch.Tensor], groups: Sequence[Sequence[Rollout]],
+                   valid: torch.Tensor) -> list[tuple[int, int, Rollout]]:
+    """``valid_rollouts`` checked against the batch: row b must hold the b-th valid rollout's prompt and
+    response tokens, the response ending at ``input_lengths[b]``. A batch whose rows were reordered, dropped
+    or added raises ValueError naming the first row that does not match (instead of silently pairing a
+    row with another rollout's advantages, states or groups)."""
+    rows = valid_rollouts(groups, valid)
+    if len(rows) != int(batch["input_ids"].shape[0]):
+        raise ValueError(f"batch has {int(batch['input_ids'].shape[0])} rows for {len(rows)} valid rollouts; row b must "
+                         "be the b-th valid rollout in (problem, sample) order (reasoning_step.rollout_batch)")
+    for b, (i, j, r) in enumerate(rows):
+        end = int(batch["input_lengths"][b])
+        if batch["input_ids"][b, :end].tolist() != [*r.prompt_token_ids, *r.response_token_ids]:
+            raise ValueError(f"batch row {b} does not hold valid rollout {b} (problem {i}, sample {j}); row b must be "
+                             "the b-th valid rollout in (problem, sample) order (reasoning_step.rollout_batch)")
+    return rows
+
+
 def critic_warmup(ctx: ReasoningContext, step: int) -> bool:
     """verl's ``trainer.critic_warmup``: the first ``ppo.critic_warmup_steps`` steps (1-based) train only the
     critic; the policy is not updated. A function of the step number only, so resume is exact."""
@@ -202,14 +237,14 @@ def critic_warmup(ctx: ReasoningContext, step: int) -> bool:
 
 # ---- advantage estimators (rise_nemo.methods.register_advantage): (ctx, problems, groups, scored, batch) ->
 # the step's metrics; each writes ``batch["advantages"]`` [B] (and ``token_advantages`` [B, T]); batch row b is
-# the b-th valid rollout in (problem, sample) order (build_batch of the valid rollouts).
+# the b-th valid rollout in (problem, sample) order (rollout_batch; checked by batch_rollouts).
 
 
 @register_advantage("group")
 def group_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exprl.StepScores,
                             batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Eq. 1 of RISE-RL / GRPO: group-normalised rewards, one per row."""
-    batch["advantages"] = group_advantages(scored.rewards, eps=float(ctx.cfg.grpo.eps), valid=scored.valid)[scored.valid]
+    batch["advantages"] = group_advantages(scored.rewards, eps=float(ctx.cfg.advantage.eps), valid=scored.valid)[scored.valid]
     return {}
 
 
@@ -245,18 +280,13 @@ def self_distillation_advantage_columns(ctx: ReasoningContext, problems, groups,
 def place_token_advantages(batch: dict[str, torch.Tensor], groups, valid: torch.Tensor,
                            per_rollout: dict[tuple[int, int], torch.Tensor]) -> torch.Tensor:
     """[B, T] from per-rollout advantages aligned with response tokens: row b = the b-th valid rollout (the
-    batch's order); its response starts after its prompt, so the row's response span is where
-    ``input_lengths - len(response)`` begins."""
+    batch's order, checked by batch_rollouts); its response starts after its prompt, so the row's response span
+    is where ``input_lengths - len(response)`` begins."""
     out = torch.zeros_like(batch["token_mask"])
-    row = 0
-    for i, group in enumerate(groups):
-        for j in range(len(group)):
-            if not bool(valid[i, j]):
-                continue
-            adv = per_rollout[i, j]
-            end = int(batch["input_lengths"][row])
-            out[row, end - len(adv) : end] = adv
-            row += 1
+    for row, (i, j, _) in enumerate(batch_rollouts(batch, groups, valid)):
+        adv = per_rollout[i, j]
+        end = int(batch["input_lengths"][row])
+        out[row, end - len(adv) : end] = adv
     return out * batch["token_mask"]
 
 
@@ -282,7 +312,7 @@ def sample_groups(
     ``generate(prompts, G)`` call (the PPO / GRPO sampling stream); otherwise one call with N * G prompts,
     n = 1, regrouped."""
     params = sampling_params(ctx.cfg, step, STREAM_NATURAL)
-    g = int(ctx.cfg.grpo.group_size)
+    g = int(ctx.cfg.sampling.group_size)
     prompts = [list(p.messages) for p in problems]
     if prefixes is None or not any(len(x) for row in prefixes for x in row):
         return ctx.generator.generate(prompts, g, params)
@@ -300,7 +330,7 @@ def scratch_perplexity_variance(batch: dict[str, torch.Tensor], groups: Sequence
                                 valid: torch.Tensor) -> float | None:
     """core.metrics.perplexity_variance of the rollouts sampled from the problem alone (replayed rollouts
     continue a state, so their perplexity is not the query's), under the policy that sampled them."""
-    rows = [(i, r.given_token_count == 0) for i, g in enumerate(groups) for j, r in enumerate(g) if bool(valid[i, j])]
+    rows = [(i, r.given_token_count == 0) for i, _, r in batch_rollouts(batch, groups, valid)]
     keep = torch.tensor([k for _, k in rows], dtype=batch["token_mask"].dtype).reshape(-1, 1)
     return perplexity_variance(batch["prev_logprobs"], batch["token_mask"] * keep, [i for i, _ in rows])
 

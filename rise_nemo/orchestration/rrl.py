@@ -41,7 +41,7 @@ from rise_nemo.core.replay import (
 from rise_nemo.errors import UserError
 from rise_nemo.interfaces import Rollout
 from rise_nemo.methods import register_hooks
-from rise_nemo.orchestration.reasoning_step import ReasoningContext, StepHooks
+from rise_nemo.orchestration.reasoning_step import ReasoningContext, StepHooks, batch_rollouts
 from rise_nemo.orchestration.step import TrainSample, build_batch
 from rise_nemo.orchestration.tokens import encode_response, find_tokenizer
 
@@ -88,7 +88,7 @@ class RRLHooks(StepHooks):
     def __init__(self, cfg: Any, n_train_problems: int):
         r = cfg.rrl
         self.beta = float(r.beta)
-        per_step = int(cfg.grpo.prompts_per_step)
+        per_step = int(cfg.sampling.prompts_per_step)
         self.steps_per_epoch = int(r.steps_per_epoch) if r.steps_per_epoch is not None else max(
             1, math.ceil(n_train_problems / per_step))
         self.sources = tuple(str(s) for s in r.state_sources)
@@ -106,7 +106,7 @@ class RRLHooks(StepHooks):
                      step: int) -> list[list[list[int]]] | None:
         self._p = replay_probability(step, self.steps_per_epoch, self.beta)
         self._replayed = {}
-        g = int(ctx.cfg.grpo.group_size)
+        g = int(ctx.cfg.sampling.group_size)
         out: list[list[list[int]]] = []
         for i, problem in enumerate(problems):
             row: list[list[int]] = []
@@ -123,26 +123,23 @@ class RRLHooks(StepHooks):
                     solved: torch.Tensor, valid: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         before = dict(self.buffer.stats)
         tally = {True: [0, 0], False: [0, 0]}  # replayed? -> [correct, valid]
-        row, canonical_needed = 0, []
+        canonical_needed: list[int] = []
         stable = self.stabilisation.stable
-        for i, (problem, group) in enumerate(zip(problems, groups)):
-            for j, rollout in enumerate(group):
-                if not bool(valid[i, j]):
-                    continue
-                correct = bool(solved[i, j])  # the scorer's verdict (StepScores.solved_mask)
-                replayed = (i, j) in self._replayed
-                tally[replayed][0] += correct
-                tally[replayed][1] += 1
-                if replayed and correct:
-                    self.buffer.remove(problem.prompt_id, self._replayed[i, j])
-                elif not replayed and stable:
-                    if SOURCE_POLICY in self.sources:
-                        self._push_best(ctx, problem.prompt_id, rollout.response_token_ids, batch["values"][row],
-                                        int(batch["input_lengths"][row]) - len(rollout.response_token_ids),
-                                        SOURCE_POLICY)
-                    if not correct and SOURCE_CANONICAL in self.sources and i not in canonical_needed:
-                        canonical_needed.append(i)
-                row += 1
+        for row, (i, j, rollout) in enumerate(batch_rollouts(batch, groups, valid)):  # row b = valid rollout b
+            problem = problems[i]
+            correct = bool(solved[i, j])  # the scorer's verdict (StepScores.solved_mask)
+            replayed = (i, j) in self._replayed
+            tally[replayed][0] += correct
+            tally[replayed][1] += 1
+            if replayed and correct:
+                self.buffer.remove(problem.prompt_id, self._replayed[i, j])
+            elif not replayed and stable:
+                if SOURCE_POLICY in self.sources:
+                    self._push_best(ctx, problem.prompt_id, rollout.response_token_ids, batch["values"][row],
+                                    int(batch["input_lengths"][row]) - len(rollout.response_token_ids),
+                                    SOURCE_POLICY)
+                if not correct and SOURCE_CANONICAL in self.sources and i not in canonical_needed:
+                    canonical_needed.append(i)
         if canonical_needed:
             self._push_canonical(ctx, [(problems[i], groups[i][0].prompt_token_ids) for i in canonical_needed])
         n_rollouts = sum(len(grp) for grp in groups)

@@ -39,7 +39,7 @@ from rise_nemo.core.guidance import (
     sentence_span,
     token_span_mask,
 )
-from rise_nemo.core.losses import ObjectiveConfig, make_policy_loss, overlong_penalty
+from rise_nemo.core.losses import ObjectiveConfig, overlong_penalty, policy_loss_fn
 from rise_nemo.core.metrics import finite_or_none
 from rise_nemo.core.prompts import (
     build_privileged_prompt,
@@ -248,7 +248,7 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
     batch = build_batch(samples, ctx.pad_id)
     if not getattr(ctx.policy, "fills_prev_logprobs", False):  # only the loss reads them (the PPO ratio's pi_old)
         batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
-    train_metrics = ctx.policy.train(batch, make_loss_fn(ctx, lam))  # eq. 12, ONE call for both kinds
+    train_metrics = ctx.policy.train(batch, step_loss_fn(ctx, lam))  # eq. 12, ONE call for both kinds
     t_train = time.perf_counter()
 
     delta_r = guidance_delta(nat, priv, targets)  # eq. 13
@@ -264,9 +264,9 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
 
 def sampling_params(cfg: Any, step: int, stream: int) -> SamplingParams:
     return SamplingParams(
-        max_new_tokens=int(cfg.grpo.max_new_tokens),
-        temperature=float(cfg.grpo.temperature),
-        top_p=float(cfg.grpo.top_p),
+        max_new_tokens=int(cfg.sampling.max_new_tokens),
+        temperature=float(cfg.sampling.temperature),
+        top_p=float(cfg.sampling.top_p),
         seed=derive_seed(int(cfg.run.seed), step, stream),
     )
 
@@ -279,7 +279,7 @@ def sample_natural_and_hinted(
     vLLM request batch). Returns ([N][G] natural, {position: G' privileged})."""
     if not hints:
         return sample_natural(ctx, prompts, step), {}
-    g, g_priv = int(ctx.cfg.grpo.group_size), privileged_group_size(ctx.cfg)
+    g, g_priv = int(ctx.cfg.sampling.group_size), privileged_group_size(ctx.cfg)
     order = sorted(hints)
     hinted = hinted_prompts(ctx, prompts, {i: [prompts[i].rubric.criteria[k] for k in hints[i]] for i in order}, order)
     groups = generate_groups(ctx.generator, [(list(p.messages), g) for p in prompts] + [(h, g_priv) for h in hinted],
@@ -303,7 +303,7 @@ def generate_groups(generator: Generator, requests: Sequence[tuple[list[dict], i
 
 def sample_natural(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> list[list[Rollout]]:
     """G rollouts per prompt under the original conversation (RuscaRL: under per-sample scaffolds)."""
-    g = int(ctx.cfg.grpo.group_size)
+    g = int(ctx.cfg.sampling.group_size)
     params = sampling_params(ctx.cfg, step, STREAM_NATURAL)
     if not ctx.method.ruscarl:
         return ctx.generator.generate([list(p.messages) for p in prompts], g, params)
@@ -339,7 +339,7 @@ def judge_and_score(
             valid[i, j] = True
         if ctx.cfg.reward.overlong_buffer > 0 and group:
             lengths = [len(r.response_token_ids) for r in group]
-            pen = overlong_penalty(lengths, int(ctx.cfg.grpo.max_new_tokens), int(ctx.cfg.reward.overlong_buffer),
+            pen = overlong_penalty(lengths, int(ctx.cfg.sampling.max_new_tokens), int(ctx.cfg.reward.overlong_buffer),
                                    float(ctx.cfg.reward.overlong_factor))
             rewards[i, : len(group)] += torch.where(valid[i, : len(group)], pen, torch.zeros_like(pen))
     return Scored(list(map(list, groups)), verdicts, rewards, valid)
@@ -349,7 +349,7 @@ def judge_and_score(
 def rubric_group_advantages(ctx: StepContext, scored: Scored) -> torch.Tensor:
     """Eq. 1 over each prompt's natural group, [N, G] (the rubric step's estimator; coupled_samples re-derives
     the coupled groups' from it)."""
-    return group_advantages(scored.rewards, eps=ctx.cfg.grpo.eps, valid=scored.valid)
+    return group_advantages(scored.rewards, eps=ctx.cfg.advantage.eps, valid=scored.valid)
 
 
 def judge_groups(
@@ -442,8 +442,8 @@ def budget_feedback(
 
 
 def privileged_group_size(cfg: Any) -> int:
-    """G' (rise.privileged_group_size, default grpo.group_size)."""
-    return int(cfg.rise.privileged_group_size or cfg.grpo.group_size)
+    """G' (rise.privileged_group_size, default sampling.group_size)."""
+    return int(cfg.rise.privileged_group_size or cfg.sampling.group_size)
 
 
 def hinted_prompts(ctx: StepContext, prompts: Sequence[RubricPrompt], feedback: Any, targets: Sequence[int]
@@ -605,8 +605,8 @@ def coupled_samples(
     targets: list[int],
 ) -> tuple[list[TrainSample], dict[str, Any]]:
     """Coupled ablation: privileged rows join their prompt's natural group (eq. 1 over G + G'), all kind 0."""
-    adv_nat = group_advantages(nat.rewards, eps=ctx.cfg.grpo.eps, valid=nat.valid).clone()  # [N, G]
-    adv_n, adv_p = coupled_group_advantages(nat.rewards[targets], priv.rewards, eps=ctx.cfg.grpo.eps,
+    adv_nat = group_advantages(nat.rewards, eps=ctx.cfg.advantage.eps, valid=nat.valid).clone()  # [N, G]
+    adv_n, adv_p = coupled_group_advantages(nat.rewards[targets], priv.rewards, eps=ctx.cfg.advantage.eps,
                                             nat_valid=nat.valid[targets], priv_valid=priv.valid)
     adv_nat[targets] = adv_n
     samples = natural_samples(ctx, prompts, natural, nat, adv_nat)
@@ -654,22 +654,24 @@ def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, to
     }
 
 
-def make_loss_fn(ctx: StepContext, lam: float):
-    """Eq. 12 with this step's lambda_guide; a picklable partial (NeMo-RL ships the loss to its workers)."""
+def step_loss_fn(ctx: StepContext, lam: float):
+    """This step's loss: the method's registered loss factory with this step's lambda_guide (eq. 12); a picklable
+    partial (NeMo-RL ships the loss to its workers)."""
     return ctx.method.loss_factory()(ctx.cfg, lam, ctx.method.token_weighting)
 
 
 @register_loss("policy_gradient")
-def make_policy_loss_fn(cfg: Any, lam: float = 0.0, token_weighting: str = "policy_support"):
-    """The recipe's policy loss (core.losses.make_policy_loss): eq. 12 with ``lam``; with lam 0 and per-token
-    advantages, PPO's clipped surrogate. It says whether it needs reference log-probs (KL > 0)."""
-    g = cfg.grpo
+def recipe_policy_loss_fn(cfg: Any, lam: float = 0.0, token_weighting: str = "policy_support"):
+    """The loss factory ``policy_gradient``: core.losses.policy_loss_fn with the recipe's ``policy_loss:`` and
+    ``rise:`` settings: eq. 12 with ``lam``; with lam 0 and per-token advantages, PPO's clipped surrogate. It says
+    whether it needs reference log-probs (KL > 0)."""
+    g = cfg.policy_loss
     objective = ObjectiveConfig(
         clip_low=float(g.clip_low), clip_high=float(g.clip_high), kl_coef=float(g.kl_coef),
         entropy_coef=float(g.entropy_coef), lambda_guide=lam, gamma=float(cfg.rise.gamma),
         a_max=float(cfg.rise.a_max), token_weighting=token_weighting,
     )
-    return make_policy_loss(objective)
+    return policy_loss_fn(objective)
 
 
 def guidance_delta(nat: Scored, priv: Scored | None, targets: list[int]) -> float | None:

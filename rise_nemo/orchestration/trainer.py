@@ -100,7 +100,7 @@ class Trainer:
         self.policy, self.generator, self.judge = policy, generator, judge
         self.eval_prompts = list(eval_prompts)
         self.steps = int(cfg.train.steps)
-        self.sampler = PromptSampler(train_prompts, int(cfg.grpo.prompts_per_step), int(cfg.run.seed),
+        self.sampler = PromptSampler(train_prompts, int(cfg.sampling.prompts_per_step), int(cfg.run.seed),
                                      bool(cfg.data.shuffle))
         self.method = get_method(str(cfg.method))
         self.critic, self.verifier, self.step_accuracy = critic, verifier, step_accuracy

@@ -127,7 +127,7 @@ def rows_per_step(tree: Mapping[str, Any]) -> tuple[int, str]:
         return (get(tree, "nemo.distillation.num_prompts_per_step", typ=int)
                 * get(tree, "nemo.distillation.num_generations_per_prompt", 1, int),
                 "nemo.distillation.num_prompts_per_step")
-    return get(tree, "grpo.prompts_per_step", 8, int) * get(tree, "grpo.group_size", 8, int), "grpo.prompts_per_step"
+    return get(tree, "sampling.prompts_per_step", 8, int) * get(tree, "sampling.group_size", 8, int), "sampling.prompts_per_step"
 
 
 def check_batches(tree: Mapping[str, Any], layout: PolicyLayout) -> list[PlanIssue]:
@@ -182,20 +182,20 @@ def max_train_rows(tree: Mapping[str, Any]) -> int | None:
     """Most rows one RL step can train on (None for distillation, which NeMo-RL batches itself)."""
     if get(tree, "nemo.distillation", None) is not None:
         return None
-    group = get(tree, "grpo.group_size", 8, int)
-    rows = get(tree, "grpo.prompts_per_step", 8, int) * group
+    group = get(tree, "sampling.group_size", 8, int)
+    rows = get(tree, "sampling.prompts_per_step", 8, int) * group
     if _guided(str(get(tree, "method", DEFAULT_METHOD))):
-        rows += get(tree, "grpo.prompts_per_step", 8, int) * (get(tree, "rise.privileged_group_size", None, int) or group)
+        rows += get(tree, "sampling.prompts_per_step", 8, int) * (get(tree, "rise.privileged_group_size", None, int) or group)
     return rows
 
 
 def check_sequence(tree: Mapping[str, Any], layout: PolicyLayout) -> list[PlanIssue]:
     out = []
     seq = get(tree, "nemo.policy.max_total_sequence_length", typ=int)
-    new = get(tree, "grpo.max_new_tokens", None, int)
+    new = get(tree, "sampling.max_new_tokens", None, int)
     if new is not None and new >= seq:
         out.append(PlanIssue("nemo.policy.max_total_sequence_length",
-                             f"{seq} leaves no room for the prompt next to grpo.max_new_tokens={new}"))
+                             f"{seq} leaves no room for the prompt next to sampling.max_new_tokens={new}"))
     div = get(tree, "nemo.policy.make_sequence_length_divisible_by", 1, int)
     need = layout.tp if layout.sequence_parallel else 1
     if layout.cp > 1:

@@ -60,10 +60,14 @@ def test_train_writes_the_contract_run_directory(trained):
 
 def test_train_rejects_bad_overrides_and_recipes(tmp_path, tokenizer_dir, capsys):
     recipe = tiny_task.write_recipe(tmp_path, tokenizer_dir, tmp_path / "run")
-    assert main(["train", "--config", str(recipe), "grpo.groupsize=4"]) == 2
-    assert "unknown key 'grpo.groupsize'" in capsys.readouterr().err
-    assert main(["train", "--config", str(recipe), "grpo.group_size"]) == 2
+    assert main(["train", "--config", str(recipe), "sampling.groupsize=4"]) == 2
+    assert "unknown key 'sampling.groupsize'" in capsys.readouterr().err
+    assert main(["train", "--config", str(recipe), "sampling.group_size"]) == 2
     assert "expected key=value" in capsys.readouterr().err
+    assert main(["train", "--config", str(recipe), "grpo.group_size=4"]) == 2  # a key of an earlier release
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("command-line override 'grpo.group_size=4': key 'grpo.group_size' was renamed to "
+                        "'sampling.group_size'") and "\n" not in err, err
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"defaults: {recipe.name}\ntrain:\n  stepz: 3\n")
     assert main(["train", "--config", str(bad)]) == 2
@@ -104,7 +108,7 @@ def test_demo_end_to_end_in_miniature(tmp_path, capsys):
     rc = main(["demo", "--steps", "2", "--out", str(tmp_path / "demo"), "train.progress=false",
                f"data.warm_start_cache={tmp_path / 'cache'}", "++data.warm_start.steps=3",
                "++data.warm_start.eval_samples=1", "++data.task.train_per_topic=1", "++data.task.heldout_per_topic=1",
-               "grpo.prompts_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=8", "eval.samples_per_prompt=2"])
+               "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=8", "eval.samples_per_prompt=2"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "persistent cov." in out and "rubric_rl" in out and "rise" in out

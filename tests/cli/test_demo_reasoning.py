@@ -17,7 +17,7 @@ from rise_nemo.config.recipes import recipes_dir
 # A tiny warm start (a few SFT steps of an h32 model) on a 3-level task, 1 RL step per method.
 TINY = ["train.progress=false", "++data.warm_start.steps=3", "++data.warm_start.noise_steps=2",
         "data.task.max_steps=3", "data.task.train_levels=[2,3]", "data.task.heldout_per_level=2",
-        "++data.task.train_per_level=2", "grpo.prompts_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=24",
+        "++data.task.train_per_level=2", "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=24",
         "local.tiny.hidden_size=32", "local.tiny.intermediate_size=64", "local.tiny.head_dim=8"]
 
 

@@ -76,10 +76,10 @@ def test_resume_with_a_changed_config_is_refused_naming_each_key(run_copy, capsy
     config_before = (run / "config.yaml").read_text()
     metrics_before = (run / "metrics.jsonl").read_text()
     rc = main(["train", "--config", str(recipe), "--run-dir", str(run), *FAST, "train.steps=3",
-               "grpo.group_size=2", "local.lr=0.05"])
+               "sampling.group_size=2", "local.lr=0.05"])
     assert rc == 2
     line = _one_line(capsys.readouterr().err)
-    assert "grpo.group_size: 4 -> 2" in line and "local.lr: 0.001 -> 0.05" in line, line
+    assert "sampling.group_size: 4 -> 2" in line and "local.lr: 0.001 -> 0.05" in line, line
     assert "train.steps" not in line.split("resuming with a changed config:")[1].split("(only")[0]
     assert "--allow-config-change" in line
     assert (run / "config.yaml").read_text() == config_before  # nothing written

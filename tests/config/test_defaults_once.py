@@ -44,7 +44,7 @@ def test_loss_defaults_are_the_one_table_the_schema_reads():
     cfg = config_from_dict({})
     assert _signature_defaults(clipped_pg_loss, ("clip_low", "clip_high")) == {
         "clip_low": LOSS_DEFAULTS["clip_low"], "clip_high": LOSS_DEFAULTS["clip_high"]}
-    assert (cfg.grpo.clip_low, cfg.grpo.clip_high) == (LOSS_DEFAULTS["clip_low"], LOSS_DEFAULTS["clip_high"])
+    assert (cfg.policy_loss.clip_low, cfg.policy_loss.clip_high) == (LOSS_DEFAULTS["clip_low"], LOSS_DEFAULTS["clip_high"])
     assert _signature_defaults(guide_loss, ("gamma", "a_max")) == {"gamma": LOSS_DEFAULTS["gamma"],
                                                                     "a_max": LOSS_DEFAULTS["a_max"]}
     assert (cfg.rise.gamma, cfg.rise.a_max) == (LOSS_DEFAULTS["gamma"], LOSS_DEFAULTS["a_max"])

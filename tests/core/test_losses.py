@@ -14,7 +14,7 @@ from rise_nemo.core.losses import (
     kl_k3,
     log_policy_support,
     overlong_penalty,
-    rise_objective,
+    policy_objective,
 )
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL
 
@@ -161,18 +161,18 @@ def _batch(seed=0, b=6, t=7):
     return logits_like, data
 
 
-def test_rise_objective_microbatch_sum_equals_full_batch():
+def test_policy_objective_microbatch_sum_equals_full_batch():
     cfg = ObjectiveConfig(kl_coef=0.05, entropy_coef=0.01, lambda_guide=0.5)
     base, data = _batch()
     lp_full = base.clone().requires_grad_()
-    loss_full, m_full = rise_objective(lp_full, data, cfg)
+    loss_full, m_full = policy_objective(lp_full, data, cfg)
     loss_full.backward()
 
     lp_micro = base.clone().requires_grad_()
     total, summed = 0.0, {}
     for idx in ([0, 1], [2, 3, 4], [5]):
         micro = {k: v[idx] for k, v in data.items()}
-        loss, m = rise_objective(lp_micro[idx], micro, cfg)
+        loss, m = policy_objective(lp_micro[idx], micro, cfg)
         loss.backward()
         total += loss.item()
         for k, v in m.items():
@@ -184,11 +184,11 @@ def test_rise_objective_microbatch_sum_equals_full_batch():
     assert m_full["loss/guide"] != 0.0 and m_full["loss/pg"] != 0.0
 
 
-def test_rise_objective_decomposes_into_terms_and_keeps_kinds_apart():
+def test_policy_objective_decomposes_into_terms_and_keeps_kinds_apart():
     cfg = ObjectiveConfig(lambda_guide=0.25)
     base, data = _batch()
     lp = base.clone().requires_grad_()
-    loss, m = rise_objective(lp, data, cfg)
+    loss, m = policy_objective(lp, data, cfg)
     assert loss.item() == pytest.approx(m["loss/pg"] + 0.25 * m["loss/guide"], rel=1e-6)
     loss.backward()
     # the padded row (sample_mask 0) gets no gradient
@@ -196,34 +196,34 @@ def test_rise_objective_decomposes_into_terms_and_keeps_kinds_apart():
     # changing a guided row's log-probs leaves the PG term unchanged; changing a natural row leaves L_guide
     shifted = base.clone()
     shifted[2] -= 1.0
-    _, m2 = rise_objective(shifted, data, cfg)
+    _, m2 = policy_objective(shifted, data, cfg)
     assert m2["loss/pg"] == pytest.approx(m["loss/pg"]) and m2["loss/guide"] != pytest.approx(m["loss/guide"])
     shifted = base.clone()
     shifted[0] -= 1.0
-    _, m3 = rise_objective(shifted, data, cfg)
+    _, m3 = policy_objective(shifted, data, cfg)
     assert m3["loss/guide"] == pytest.approx(m["loss/guide"]) and m3["loss/pg"] != pytest.approx(m["loss/pg"])
 
 
-def test_rise_objective_lambda_zero_and_missing_keys():
+def test_policy_objective_lambda_zero_and_missing_keys():
     base, data = _batch()
     lp = base.clone().requires_grad_()
-    loss, m = rise_objective(lp, data, ObjectiveConfig(lambda_guide=0.0))
+    loss, m = policy_objective(lp, data, ObjectiveConfig(lambda_guide=0.0))
     assert loss.item() == pytest.approx(m["loss/pg"])
     loss.backward()
     assert lp.grad[2].abs().sum() == 0 and lp.grad[4].abs().sum() == 0  # guided rows get no gradient
     no_ref = {k: v for k, v in data.items() if k != "reference_policy_logprobs"}
     with pytest.raises(KeyError, match="reference_policy_logprobs"):
-        rise_objective(base, no_ref, ObjectiveConfig(kl_coef=0.1))
+        policy_objective(base, no_ref, ObjectiveConfig(kl_coef=0.1))
     with pytest.raises(KeyError, match="natural_token_count"):
-        rise_objective(base, {k: v for k, v in data.items() if k != "natural_token_count"}, ObjectiveConfig())
+        policy_objective(base, {k: v for k, v in data.items() if k != "natural_token_count"}, ObjectiveConfig())
 
 
-def test_rise_objective_ignores_inf_at_padding():
+def test_policy_objective_ignores_inf_at_padding():
     base, data = _batch()
     lp = base.clone()
     lp[data["token_mask"] == 0] = -math.inf
     lp.requires_grad_()
-    loss, _ = rise_objective(lp, data, ObjectiveConfig(kl_coef=0.1, entropy_coef=0.1))
+    loss, _ = policy_objective(lp, data, ObjectiveConfig(kl_coef=0.1, entropy_coef=0.1))
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(lp.grad).all()
 
@@ -231,7 +231,7 @@ def test_rise_objective_ignores_inf_at_padding():
 def test_objective_config_validation():
     base, data = _batch()
     with pytest.raises(ValueError, match="token_weighting must be 'policy_support' or 'uniform', got 'flat'"):
-        rise_objective(base, data, ObjectiveConfig(token_weighting="flat"))
+        policy_objective(base, data, ObjectiveConfig(token_weighting="flat"))
     with pytest.raises(ValueError, match="gamma"):
         ObjectiveConfig(gamma=0.0)
 

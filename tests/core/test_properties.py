@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from rise_nemo.core.advantages import group_advantages
 from rise_nemo.core.logprobs import naive_token_logprobs, token_logprobs
-from rise_nemo.core.losses import ObjectiveConfig, rise_objective
+from rise_nemo.core.losses import ObjectiveConfig, policy_objective
 from rise_nemo.core.rewards import criterion_priority, failure_matrix, rubric_reward, select_feedback
 
 torch.set_num_threads(1)
@@ -116,7 +116,7 @@ def test_chunked_logprobs_equal_naive(b, t, v, chunk, dtype, seed):
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(2, 8), st.integers(0, 2**31 - 1), st.data())
-def test_rise_objective_microbatch_invariant(b, seed, data):
+def test_policy_objective_microbatch_invariant(b, seed, data):
     g = torch.Generator().manual_seed(seed)
     t = 6
     token_mask = (torch.rand(b, t, generator=g) > 0.3).float()
@@ -136,10 +136,10 @@ def test_rise_objective_microbatch_invariant(b, seed, data):
         "guided_seq_count": torch.full((b,), float(((kind == 1) & sample_mask.bool()).sum())),
     }
     cfg = ObjectiveConfig(kl_coef=0.1, entropy_coef=0.01, lambda_guide=0.3)
-    full, _ = rise_objective(lp, batch, cfg)
+    full, _ = policy_objective(lp, batch, cfg)
     cut = data.draw(st.integers(1, b - 1))
     parts = [
-        rise_objective(lp[s], {k: v[s] for k, v in batch.items()}, cfg)[0]
+        policy_objective(lp[s], {k: v[s] for k, v in batch.items()}, cfg)[0]
         for s in (slice(0, cut), slice(cut, b))
     ]
     assert abs((parts[0] + parts[1]).item() - full.item()) < 1e-5

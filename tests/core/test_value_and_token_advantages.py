@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rise_nemo.core.losses import ObjectiveConfig, clipped_pg_loss, make_policy_loss, rise_objective
+from rise_nemo.core.losses import ObjectiveConfig, clipped_pg_loss, policy_loss_fn, policy_objective
 from rise_nemo.core.value import clipped_value_loss, explained_variance, gae, terminal_token_rewards, whiten
 from rise_nemo.interfaces import KIND_NATURAL
 
@@ -34,9 +34,9 @@ def test_per_token_advantages_equal_per_sample_broadcast():
     cfg = ObjectiveConfig(kl_coef=0.0, lambda_guide=0.0)
     lp1 = logp.clone().requires_grad_(True)
     lp2 = logp.clone().requires_grad_(True)
-    loss1, m1 = rise_objective(lp1, {**data, "advantages": adv}, cfg)
+    loss1, m1 = policy_objective(lp1, {**data, "advantages": adv}, cfg)
     per_token = adv[:, None] * data["token_mask"]
-    loss2, m2 = rise_objective(lp2, {**data, "token_advantages": per_token}, cfg)
+    loss2, m2 = policy_objective(lp2, {**data, "token_advantages": per_token}, cfg)
     loss1.backward()
     loss2.backward()
     assert torch.equal(loss1.detach(), loss2.detach())
@@ -49,7 +49,7 @@ def test_token_advantages_take_precedence_and_differ_per_token():
     tok = torch.randn(3, 7) * data["token_mask"]
     data["prev_logprobs"] = logp.clone()  # ratio 1: no clipping
     lp = logp.clone().requires_grad_(True)
-    loss, _ = rise_objective(lp, {**data, "advantages": torch.full((3,), 99.0), "token_advantages": tok},
+    loss, _ = policy_objective(lp, {**data, "advantages": torch.full((3,), 99.0), "token_advantages": tok},
                              ObjectiveConfig())
     loss.backward()
     # at ratio 1 the gradient of the surrogate is -A_t / N per masked token
@@ -64,11 +64,11 @@ def test_pg_loss_rejects_misaligned_token_advantages():
 
 
 def test_policy_loss_says_whether_it_needs_reference_logprobs():
-    assert make_policy_loss(ObjectiveConfig(kl_coef=0.001)).needs_reference_logprobs is True
-    assert make_policy_loss(ObjectiveConfig(kl_coef=0.0)).needs_reference_logprobs is False
+    assert policy_loss_fn(ObjectiveConfig(kl_coef=0.001)).needs_reference_logprobs is True
+    assert policy_loss_fn(ObjectiveConfig(kl_coef=0.0)).needs_reference_logprobs is False
     import pickle
 
-    loss = pickle.loads(pickle.dumps(make_policy_loss(ObjectiveConfig(kl_coef=0.5))))
+    loss = pickle.loads(pickle.dumps(policy_loss_fn(ObjectiveConfig(kl_coef=0.5))))
     assert loss.needs_reference_logprobs is True and loss.keywords["cfg"].kl_coef == 0.5
 
 

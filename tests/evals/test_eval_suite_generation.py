@@ -93,8 +93,8 @@ def test_a_run_directory_is_evaluated_at_its_checkpoint_and_reported(tiny_model,
     run = tmp_path / "run"
     rc, _, err = run_cli(["train", "--config", "grpo_gsm8k_local", f"local.model_path={tiny_model}",
                           f"data.train_path={gsm8k}", f"data.eval_path={gsm8k}", f"run.dir={run}", "train.steps=1",
-                          "train.checkpoint_every=1", "train.progress=false", "grpo.prompts_per_step=2",
-                          "grpo.group_size=2", "grpo.max_new_tokens=8", "eval.every=0", "eval.at_start=false",
+                          "train.checkpoint_every=1", "train.progress=false", "sampling.prompts_per_step=2",
+                          "sampling.group_size=2", "sampling.max_new_tokens=8", "eval.every=0", "eval.at_start=false",
                           "local.num_threads=1"], capsys)
     assert rc == 0, err
     rc, out, err = run_cli(["eval", "--suite", "gsm8k", run, "--limit", "2", "--max-new-tokens", "4"], capsys)

@@ -38,7 +38,7 @@ ONE_GPU = [
     "nemo.policy.sequence_packing.logprob_mb_tokens=1024", "nemo.policy.train_global_batch_size=32",
     "nemo.policy.generation.vllm_cfg.tensor_parallel_size=1", "nemo.policy.generation.vllm_cfg.max_model_len=1024",
     "nemo.policy.generation.vllm_cfg.gpu_memory_utilization=0.4",
-    "grpo.prompts_per_step=4", "grpo.group_size=4", "grpo.max_new_tokens=256", "rise.privileged_group_size=4",
+    "sampling.prompts_per_step=4", "sampling.group_size=4", "sampling.max_new_tokens=256", "rise.privileged_group_size=4",
     "rise.lambda_guide=0.05", "rise.schedule.mode=fixed", "rise.schedule.switch_step=100", "reward.overlong_buffer=0",
     "judge={type: rule}", "train.steps=3", "train.checkpoint_every=0",
     "train.progress=false", "train.tensorboard=false", "eval.every=0", "eval.at_start=false", "eval.max_prompts=2",

@@ -287,7 +287,7 @@ def test_omegaconf_block_is_accepted(word_tokenizer_dir):
 def test_core_objective_step_is_micro_batch_invariant(tiny_cfg):
     """One RISE-RL update (eq. 12, natural + guided rows) through the real core objective: splitting the
     batch into micro-batches of 3 gives the same summed metrics and the same weights as one pass."""
-    from rise_nemo.core.losses import ObjectiveConfig, rise_objective
+    from rise_nemo.core.losses import ObjectiveConfig, policy_objective
 
     objective = ObjectiveConfig(lambda_guide=0.5)
     results = []
@@ -307,7 +307,7 @@ def test_core_objective_step_is_micro_batch_invariant(tiny_cfg):
         nat = (data["kind"] == 0).float()
         data["natural_token_count"] = torch.full((b,), float((data["token_mask"] * nat[:, None]).sum()))
         data["guided_seq_count"] = torch.full((b,), float((1 - nat).sum()))
-        metrics = policy.train(data, lambda lp, mb: rise_objective(lp, mb, objective))
+        metrics = policy.train(data, lambda lp, mb: policy_objective(lp, mb, objective))
         results.append((metrics, [p.detach().clone() for p in policy.model.parameters()]))
     (m3, w3), (m64, w64) = results
     assert m3["pg/clip_fraction"] == 0.0  # prev_logprobs are the current policy's: ratio 1

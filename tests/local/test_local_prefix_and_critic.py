@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from rise_nemo.backends.local import LocalCritic, build
-from rise_nemo.core.losses import ObjectiveConfig, make_policy_loss
+from rise_nemo.core.losses import ObjectiveConfig, policy_loss_fn
 from rise_nemo.core.value import make_value_loss
 from rise_nemo.interfaces import KIND_NATURAL, SamplingParams
 from rise_nemo.orchestration.step import TrainSample, build_batch
@@ -58,7 +58,7 @@ def test_masked_prefix_gets_zero_gradient_but_conditions_the_continuation():
 
     lp = token_logprobs(logits, ids, 256)
     lp.retain_grad()
-    loss, _ = make_policy_loss(ObjectiveConfig())(lp, batch)
+    loss, _ = policy_loss_fn(ObjectiveConfig())(lp, batch)
     loss.backward()
     assert torch.all(lp.grad[0, : p + 5] == 0)
     assert torch.all(lp.grad[0, p + 5 :][batch["token_mask"][0, p + 5 :].bool()] != 0)

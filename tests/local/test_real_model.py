@@ -67,7 +67,7 @@ def model_dir(tmp_path_factory) -> Path:
 def _args(model_dir: Path, run: Path, recipe: str, *extra: str) -> list[str]:
     return ["train", "--config", recipe, f"local.model_path={model_dir}", f"data.train_path={GSM8K}",
             f"data.eval_path={GSM8K}", f"run.dir={run}", "train.steps=2", "train.checkpoint_every=1",
-            "train.progress=false", "grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.max_new_tokens=160",
+            "train.progress=false", "sampling.prompts_per_step=2", "sampling.group_size=4", "sampling.max_new_tokens=160",
             "eval.every=2", "eval.samples_per_prompt=4", "eval.max_prompts=4", "local.num_threads=1",
             "local.lr=1e-3", *extra]
 

@@ -9,7 +9,7 @@ from rise_nemo.backends.local import build
 from rise_nemo.backends.local.policy import has_active_dropout, micro_batch_rows
 from rise_nemo.config import load_config
 from rise_nemo.core.logprobs import masked_token_entropy, token_entropy
-from rise_nemo.core.losses import ObjectiveConfig, make_policy_loss
+from rise_nemo.core.losses import ObjectiveConfig, policy_loss_fn
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL
 from rise_nemo.orchestration.step import TrainSample, build_batch
 
@@ -32,7 +32,7 @@ def _batch(policy, rows: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def _loss():
-    return make_policy_loss(ObjectiveConfig(lambda_guide=0.5))
+    return policy_loss_fn(ObjectiveConfig(lambda_guide=0.5))
 
 
 def test_training_forward_logprobs_equal_the_removed_forward_exactly():
@@ -84,7 +84,7 @@ def test_rubric_step_skips_the_separate_logprob_forward_on_the_local_backend(tmp
     from rise_nemo.orchestration.step import train_step
 
     cfg = load_config("recipes/rise_tiny_cpu.yaml", [
-        f"run.dir={tmp_path}", "grpo.prompts_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=6",
+        f"run.dir={tmp_path}", "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=6",
         "train.steps=1", "train.progress=false", "eval.at_start=false", "eval.every=0", "local.num_threads=1",
         "rise.schedule.switch_step=5", f"data.warm_start_cache={tmp_path / 'cache'}", "++data.warm_start.steps=3",
         "++data.warm_start.eval_samples=1", "++data.task.train_per_topic=1"])

@@ -48,7 +48,7 @@ def recipe(run_dir: Path, method: str = "rise", steps: int = 3) -> dict:
     return {
         "run": {"name": "cpu-nemo", "dir": str(run_dir), "seed": 1},
         "backend": "nemo", "method": method,
-        "grpo": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": MAX_NEW},
+        "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": MAX_NEW},
         "rise": {"lambda_guide": 0.2, "privileged_group_size": 4, "schedule": {"mode": "fixed", "switch_step": 50}},
         "data": {"source": "persistent"}, "judge": {"type": "rule"},
         "train": {"steps": steps, "checkpoint_every": 0, "progress": False, "keep_checkpoints": 0},
@@ -150,7 +150,7 @@ def test_training_changes_weights_and_reports_metrics(rise_run):
 
 def test_generator_refuses_settings_vllm_was_not_built_with():
     _, generator, *_ = make_backend()
-    with pytest.raises(ValueError, match=r"temperature=0.7.*grpo.temperature"):
+    with pytest.raises(ValueError, match=r"temperature=0.7.*sampling.temperature"):
         generator.generate([[{"role": "user", "content": "describe the sun"}]], 2,
                            SamplingParams(max_new_tokens=MAX_NEW, temperature=0.7))
 
@@ -255,7 +255,7 @@ def test_resume_must_match_the_checkpoint_the_policy_was_built_from(tmp_path):
 def test_other_methods_run_one_step(tmp_path, method, kl):
     policy, generator, events, cpu_policy, _ = make_backend(behaviour_ratio=True)
     tree = recipe(tmp_path, method, steps=1)
-    tree["grpo"]["kl_coef"] = kl
+    tree["policy_loss"] = {"kl_coef": kl}
     cfg = config_from_dict(tree)
     trainer = Trainer(cfg, policy, generator, build_judge(cfg.judge), make_prompts(4), make_prompts(2, 4),
                       run_dir=tmp_path)

@@ -109,7 +109,7 @@ def recipe(run_dir: Path, method: str, steps: int) -> dict:
     return {
         "run": {"name": "cluster_path", "dir": str(run_dir), "seed": 3},
         "backend": "nemo", "method": method,
-        "grpo": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": MAX_NEW},
+        "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": MAX_NEW},
         "rise": {"lambda_guide": 0.2, "privileged_group_size": 4, "schedule": {"mode": "fixed", "switch_step": 50}},
         "data": {"source": "persistent"}, "judge": {"type": "rule"},
         "train": {"steps": steps, "checkpoint_every": 1, "progress": False, "keep_checkpoints": 0},
@@ -288,7 +288,7 @@ def test_item3_eval_scores_the_opd_student_of_a_nemo_rl_checkpoint(tmp_path, mon
 
     run_dir = tmp_path / "opd"
     cfg = load_config(REPO / "recipes" / "opd_4b_teacher14b.yaml", [
-        f"run.dir={run_dir}", "judge={type: rule}", "eval.samples_per_prompt=2", f"grpo.max_new_tokens={MAX_NEW}",
+        f"run.dir={run_dir}", "judge={type: rule}", "eval.samples_per_prompt=2", f"sampling.max_new_tokens={MAX_NEW}",
         f"data.train_path={write_jsonl(tmp_path / 'train.jsonl', make_prompts(4))}",
         f"data.eval_path={write_jsonl(tmp_path / 'eval.jsonl', make_prompts(2, 4))}",
     ])

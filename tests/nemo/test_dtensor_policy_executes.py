@@ -4,7 +4,7 @@ No stand-in: NeMo-RL's ``RayVirtualCluster`` (use_gpus=False), ``Policy`` and ``
 FSDP2 on a one-rank CPU mesh) run a tiny random Qwen3 saved to disk, under a private Ray cluster that this
 test starts on 127.0.0.1 and shuts down (never ``ray stop``). Our code under test: ``NemoSession`` /
 ``NemoPolicy`` (rise_nemo.backends.nemo.runtime: log-prob input padding, the train batch of
-``to_nemo_train_batch``, the ``RiseLossFunction`` adapter around the GRPO objective ``make_policy_loss``,
+``to_nemo_train_batch``, the ``RiseLossFunction`` adapter around the GRPO objective ``policy_loss_fn``,
 ``save_checkpoint``'s layout) and the resume rule (``resume_paths`` via ``_policy_with_resume``).
 The CUDA-only assumptions of the worker are patched in ONE file, tests/nemo/cpu_harness.py (each patch with
 the NeMo-RL line it works around). vLLM generation and the refit are NOT executed here (out of scope).
@@ -129,7 +129,7 @@ def test_real_dtensor_policy_logprobs_train_save_resume(tmp_path, ray_private):
 
     from rise_nemo.backends.nemo.batch import attach_global_counts
     from rise_nemo.backends.nemo.checkpoints import policy_dir
-    from rise_nemo.core.losses import ObjectiveConfig, make_policy_loss, rise_objective
+    from rise_nemo.core.losses import ObjectiveConfig, policy_loss_fn, policy_objective
 
     model_dir = build(tmp_path / "tiny_qwen3", vocab_size=512)
     vocab = AutoModelForCausalLM.from_pretrained(model_dir).config.vocab_size
@@ -150,15 +150,15 @@ def test_real_dtensor_policy_logprobs_train_save_resume(tmp_path, ray_private):
         assert before.shape == (ROWS, WIDTH)
         torch.testing.assert_close(before[valid], expected[valid], atol=1e-4, rtol=1e-4)
 
-        # one train step with our GRPO loss adapter (RiseLossFunction around make_policy_loss)
+        # one train step with our GRPO loss adapter (RiseLossFunction around policy_loss_fn)
         batch = dict(data, prev_logprobs=before)
         cfg = ObjectiveConfig(lambda_guide=0.05)
-        metrics = nemo_policy.train(batch, make_policy_loss(cfg))
+        metrics = nemo_policy.train(batch, policy_loss_fn(cfg))
         assert torch.isfinite(torch.tensor(metrics["loss"])), metrics
         # the worker's four micro-batches (the last one padding only), each normalised by our global counts,
         # sum to eq. 12 on the whole unsplit batch at the same log-probs (ratio 1: the first step's weights)
         unsplit = attach_global_counts(dict(batch, token_mask=data["token_mask"], sample_mask=data["sample_mask"]))
-        expected_loss, expected_metrics = rise_objective(before, unsplit, cfg)
+        expected_loss, expected_metrics = policy_objective(before, unsplit, cfg)
         assert metrics["loss"] == pytest.approx(float(expected_loss), abs=1e-5), metrics
         assert metrics["loss/guide"] == pytest.approx(expected_metrics["loss/guide"], abs=1e-5), metrics
         assert expected_metrics["loss/guide"] > 0 and expected_metrics["loss/pg"] != 0  # both terms act

@@ -93,7 +93,7 @@ def test_train_exits_after_a_ray_worker_raises(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", make_prompts(4))
     evalp = write_jsonl(tmp_path / "eval.jsonl", make_prompts(2, 4))
     overrides = [
-        f"run.dir={run_dir}", "grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.max_new_tokens=10",
+        f"run.dir={run_dir}", "sampling.prompts_per_step=2", "sampling.group_size=4", "sampling.max_new_tokens=10",
         "rise.privileged_group_size=4", "rise.schedule.mode=fixed", "reward.overlong_buffer=0", "train.steps=3",
         "train.checkpoint_every=1", "train.progress=false", "train.tensorboard=false", "eval.every=0",
         "eval.at_start=false", f"data.train_path={train}", f"data.eval_path={evalp}", "judge={type: rule}",

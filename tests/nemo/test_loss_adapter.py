@@ -12,7 +12,7 @@ import torch
 
 from rise_nemo.backends.nemo.batch import attach_global_counts, pad_train_batch
 from rise_nemo.backends.nemo.loss import RiseLossFunction, align_next_token_logprobs
-from rise_nemo.core.losses import ObjectiveConfig, rise_objective
+from rise_nemo.core.losses import ObjectiveConfig, policy_objective
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL
 
 torch.set_num_threads(1)
@@ -44,7 +44,7 @@ def make_batch(seed: int = 0, b: int = 12, t: int = 20) -> dict[str, torch.Tenso
 
 def objective(token_weighting="policy_support"):
     cfg = ObjectiveConfig(clip_low=0.2, clip_high=0.28, lambda_guide=0.05, gamma=0.1, token_weighting=token_weighting)
-    return functools.partial(rise_objective, cfg=cfg)
+    return functools.partial(policy_objective, cfg=cfg)
 
 
 def nemo_style_logprobs(batch, seed=1):

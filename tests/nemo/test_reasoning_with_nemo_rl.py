@@ -34,7 +34,7 @@ from test_with_nemo_rl import prepare_fn  # noqa: E402
 
 from rise_nemo.backends.nemo.critic import VALUE_COUNT_KEY, NemoCritic, ValueLossFunction  # noqa: E402
 from rise_nemo.backends.nemo.loss import RiseLossFunction  # noqa: E402
-from rise_nemo.core.losses import ObjectiveConfig, rise_objective  # noqa: E402
+from rise_nemo.core.losses import ObjectiveConfig, policy_objective  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
@@ -64,7 +64,7 @@ def test_given_prefix_gets_zero_gradient_through_nemo_loss_wrapper():
     # on-policy (ratio 1, nothing clipped): every sampled token gets a gradient
     current = torch.log_softmax(logits.detach(), -1)[:, :-1].gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
     batch["prev_logprobs"] = torch.cat([torch.zeros(4, 1), current], dim=1)
-    loss_fn = RiseLossFunction(functools.partial(rise_objective, cfg=ObjectiveConfig(lambda_guide=0.0)))
+    loss_fn = RiseLossFunction(functools.partial(policy_objective, cfg=ObjectiveConfig(lambda_guide=0.0)))
     loss, _ = _through_nemo(loss_fn, batch, logits)
     (grad,) = torch.autograd.grad(loss, logits)
     # logits[:, t] predict token t+1: prompt 0..3, given tokens 4..6 (predicted at 3..5), sampled 7..10
@@ -79,7 +79,7 @@ def test_token_advantages_equal_clipped_pg_loss_with_bt_advantages():
     from nemo_rl.distributed.batched_data_dict import BatchedDataDict
 
     batch = _with_counts(_ppo_batch(b=4, t=12, given=2, seed=5))
-    objective = functools.partial(rise_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28, lambda_guide=0.0))
+    objective = functools.partial(policy_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28, lambda_guide=0.0))
     logits = torch.randn(4, 12, VOCAB, generator=torch.Generator().manual_seed(1), requires_grad=True)
     theirs = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28,
                                                  reference_policy_kl_penalty=0.0, token_level_loss=True))
@@ -251,7 +251,7 @@ def test_policy_loss_reports_num_valid_samples_like_clipped_pg_loss():
     batch = _with_counts(_ppo_batch(b=4, t=12, given=2, seed=5))
     batch["sample_mask"] = torch.tensor([1.0, 1.0, 0.0, 1.0])
     logits = torch.randn(4, 12, VOCAB, generator=torch.Generator().manual_seed(1))
-    objective = functools.partial(rise_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28, lambda_guide=0.0))
+    objective = functools.partial(policy_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28, lambda_guide=0.0))
     theirs = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28,
                                                  reference_policy_kl_penalty=0.0, token_level_loss=True))
     _, ours = _through_nemo(RiseLossFunction(objective), batch, logits)

@@ -54,7 +54,7 @@ def test_rrl_step_on_the_nemo_backend_pieces():
     critic = NemoCritic(session, value, {"train_micro_batch_size": 2, "logprob_batch_size": 2,
                                          "make_sequence_length_divisible_by": 4, "train_global_batch_size": 8})
     cfg = config_from_dict(chain_recipe("rrl", group_size=2, max_new_tokens=MAX_NEW),
-                           ["grpo.kl_coef=0", "grpo.temperature=1.0", "grpo.top_p=1.0", "rrl.granularity=token", "rrl.beta=1.0", "rrl.steps_per_epoch=1",
+                           ["policy_loss.kl_coef=0", "sampling.temperature=1.0", "sampling.top_p=1.0", "rrl.granularity=token", "rrl.beta=1.0", "rrl.steps_per_epoch=1",
                             "rrl.stabilise.max_steps=0", "rrl.state_sources=[canonical]", "train.log_samples=4"])
     problems = [ReasoningProblem(f"q{i}", ({"role": "user", "content": f"describe the {topic}"},), REFERENCE, "x", 1)
                 for i, topic in enumerate(("river", "sun"))]
@@ -127,7 +127,7 @@ def ppo_on_stand_ins(*overrides: str):
     critic = NemoCritic(session, value, {"train_micro_batch_size": 2, "logprob_batch_size": 2,
                                          "make_sequence_length_divisible_by": 4, "train_global_batch_size": 8})
     cfg = config_from_dict(chain_recipe("ppo", group_size=2, max_new_tokens=MAX_NEW),
-                           ["grpo.kl_coef=0", "grpo.temperature=1.0", "grpo.top_p=1.0", *overrides])
+                           ["policy_loss.kl_coef=0", "sampling.temperature=1.0", "sampling.top_p=1.0", *overrides])
     problems = [ReasoningProblem(f"q{i}", ({"role": "user", "content": f"describe the {topic}"},), REFERENCE, "x", 1)
                 for i, topic in enumerate(("river", "sun"))]
     ctx = ReasoningContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
@@ -145,7 +145,7 @@ def test_sft_step_on_the_nemo_backend_pieces():
     policy = CpuMegatronPolicy(len(tok), 2, events)
     session = NemoSession(policy, CpuVllm(len(tok), MAX_NEW, tok.pad_token_id, tok.eos_token_id, events), tok,
                           master_config(MAX_NEW, 1), refit=make_refit(events), to_batched=dict)
-    cfg = config_from_dict(chain_recipe("sft", group_size=2, max_new_tokens=MAX_NEW), ["grpo.kl_coef=0"])
+    cfg = config_from_dict(chain_recipe("sft", group_size=2, max_new_tokens=MAX_NEW), ["policy_loss.kl_coef=0"])
     problems = [ReasoningProblem(f"q{i}", ({"role": "user", "content": f"describe the {topic}"},), REFERENCE, "x", 1)
                 for i, topic in enumerate(("river", "sun", "moon"))]
     ctx = ReasoningContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.nemo
 from cpu_nemo import Bigram, CpuVllm, make_prompts, make_tokenizer, write_jsonl  # noqa: E402
 
 from rise_nemo.backends.nemo.loss import RiseLossFunction  # noqa: E402
-from rise_nemo.core.losses import ObjectiveConfig, rise_objective  # noqa: E402
+from rise_nemo.core.losses import ObjectiveConfig, policy_objective  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 torch.set_num_threads(1)
@@ -91,7 +91,7 @@ def test_adapter_equals_clipped_pg_loss_through_nemo_input_preparation(kl):
     g = torch.Generator().manual_seed(7)
     data["reference_policy_logprobs"] = -torch.rand(data["input_ids"].shape, generator=g) * 16 - 0.1
     logits = torch.randn(*data["input_ids"].shape, vocab, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    ours = RiseLossFunction(functools.partial(rise_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28,
+    ours = RiseLossFunction(functools.partial(policy_objective, cfg=ObjectiveConfig(clip_low=0.2, clip_high=0.28,
                                                                                    lambda_guide=0.0, kl_coef=kl)))
     assert ours.input_type is LossInputType.LOGPROB and ours.loss_type is LossType.TOKEN_LEVEL
     theirs = ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28,
@@ -116,7 +116,7 @@ def test_adapter_equals_clipped_pg_loss_through_nemo_input_preparation(kl):
 
 
 def test_adapter_unpickles_with_nemo_enums_in_a_fresh_process(tmp_path):
-    fn = RiseLossFunction(functools.partial(rise_objective, cfg=ObjectiveConfig()))
+    fn = RiseLossFunction(functools.partial(policy_objective, cfg=ObjectiveConfig()))
     path = tmp_path / "loss.pkl"
     path.write_bytes(pickle.dumps(fn))
     code = (
@@ -198,7 +198,7 @@ def test_build_and_rise_loop_on_mocked_nemo_rl(tmp_path, monkeypatch):
     train = write_jsonl(tmp_path / "train.jsonl", make_prompts(4))
     evalp = write_jsonl(tmp_path / "eval.jsonl", make_prompts(2, 4))
     cfg = load_config(REPO / "recipes" / "rise_4b.yaml", [
-        f"run.dir={tmp_path / 'run'}", "grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.max_new_tokens=10",
+        f"run.dir={tmp_path / 'run'}", "sampling.prompts_per_step=2", "sampling.group_size=4", "sampling.max_new_tokens=10",
         "rise.privileged_group_size=4", "rise.schedule.mode=fixed", "reward.overlong_buffer=0", "train.steps=2", "train.progress=false",
         "train.tensorboard=false", "eval.every=0", "eval.at_start=false", f"data.train_path={train}",
         f"data.eval_path={evalp}", "judge={type: rule}",
@@ -292,7 +292,7 @@ def test_recipes_pass_nemo_rl_master_config(name, tmp_path, monkeypatch):
     want = recipe["nemo"]["policy"]["megatron_cfg"]
     assert (mc["tensor_model_parallel_size"], mc["pipeline_model_parallel_size"], mc["sequence_parallel"]) == (
         want["tensor_model_parallel_size"], want["pipeline_model_parallel_size"], want["sequence_parallel"])
-    assert master.policy["generation"]["max_new_tokens"] == recipe["grpo"]["max_new_tokens"]
+    assert master.policy["generation"]["max_new_tokens"] == recipe["sampling"]["max_new_tokens"]
     assert master.cluster["num_nodes"] == recipe["nemo"]["cluster"]["num_nodes"]
     if algorithm(recipe) == "distillation":
         assert master.teacher["megatron_cfg"]["tensor_model_parallel_size"] == (
@@ -500,7 +500,7 @@ def test_real_policy_train_gets_a_constant_gbs(monkeypatch):
         data = _natural_batch(b=rows)
         for k in ("natural_token_count", "guided_seq_count", "generation_logprobs"):
             del data[k]
-        policy_if.train(data, functools.partial(rise_objective, cfg=ObjectiveConfig()))
+        policy_if.train(data, functools.partial(policy_objective, cfg=ObjectiveConfig()))
     assert [gbs for gbs, _ in seen] == [32, 32, 32]  # one scheduler iteration per step
     assert all(shards == [16, 16] for _, shards in seen)  # NeMo-RL's own DP sharding of the padded batch
 

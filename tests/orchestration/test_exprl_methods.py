@@ -251,10 +251,10 @@ def test_sft_run_writes_its_reference_rows_to_samples_jsonl(tmp_path):
 
 def test_method_registry_settings():
     o, p = get_method("exprl_outcome"), get_method("exprl_process")
-    assert o.defaults["grpo.kl_coef"] == p.defaults["grpo.kl_coef"] == 0.001
-    assert (o.defaults["grpo.clip_low"], o.defaults["grpo.clip_high"]) == (0.2, 0.28)
-    assert (p.defaults["grpo.clip_low"], p.defaults["grpo.clip_high"]) == (0.2, 0.26)
-    assert o.defaults["grpo.temperature"] == 0.8
+    assert o.defaults["policy_loss.kl_coef"] == p.defaults["policy_loss.kl_coef"] == 0.001
+    assert (o.defaults["policy_loss.clip_low"], o.defaults["policy_loss.clip_high"]) == (0.2, 0.28)
+    assert (p.defaults["policy_loss.clip_low"], p.defaults["policy_loss.clip_high"]) == (0.2, 0.26)
+    assert o.defaults["sampling.temperature"] == 0.8
     with pytest.raises(ValueError, match="reference judge"):
         ReasoningContext(cfg=None, policy=None, generator=None, verifier=None, method=p)
 

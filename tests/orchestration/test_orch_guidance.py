@@ -39,7 +39,7 @@ def test_masked_spans_reach_the_guide_rows_and_every_rule_is_logged(tmp_path, ma
         holder["p"], holder["g"], holder["j"] = record(p, g, j)
         return holder["p"], holder["g"], holder["j"]
 
-    over = [*ALL_ON, "rise.retention.no_regression=soft", "grpo.group_size=8", "rise.schedule.switch_step=4",
+    over = [*ALL_ON, "rise.retention.no_regression=soft", "sampling.group_size=8", "rise.schedule.switch_step=4",
             "train.steps=3", "eval.every=0", "eval.at_start=false"]
     make_trainer(tmp_path, "rise", over, wrap=wrap).run()
     guided = [m for m in read_metrics(tmp_path) if m["guidance/active"]]
@@ -81,7 +81,7 @@ def test_resume_with_every_option_on_is_exact(tmp_path, make_trainer, options):
 def test_privileged_budget_bounds_the_privileged_rollouts_of_every_step(tmp_path, make_trainer):
     """rise.gate.budget=0.25: at most 25% of a step's natural rollouts are privileged (whole groups of G',
     at least one prompt), and the prompts left out are logged; without it every failing prompt is guided."""
-    over = ["grpo.group_size=4", "rise.privileged_group_size=4", "rise.schedule.switch_step=5", "train.steps=2",
+    over = ["sampling.group_size=4", "rise.privileged_group_size=4", "rise.schedule.switch_step=5", "train.steps=2",
             "eval.every=0", "eval.at_start=false"]
     make_trainer(tmp_path / "paper", "rise", over).run()
     make_trainer(tmp_path / "budget", "rise", [*over, "rise.gate.budget=0.25"]).run()

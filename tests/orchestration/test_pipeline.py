@@ -20,7 +20,7 @@ from rise_nemo.orchestration.trainer import read_metrics
 
 def _recipe(method: str) -> dict:
     recipe = chain_recipe(method, group_size=3, max_new_tokens=20, steps=2, exprl={"segment_marker": "step"})
-    recipe["eval"]["top_p"] = 1.0  # one evaluation protocol for both stages (their grpo.top_p differ)
+    recipe["eval"]["top_p"] = 1.0  # one evaluation protocol for both stages (their sampling.top_p differ)
     return recipe
 
 
@@ -31,7 +31,7 @@ def pipeline_file(tmp_path):
     spec = {"pipeline": {"name": "p", "dir": str(tmp_path / "runs")},
             "stages": [{"name": "stage1", "recipe": "stage1.yaml"},
                        {"name": "stage2", "recipe": "stage2.yaml", "init": "previous",
-                        "overrides": {"train.steps": 3, "grpo.kl_coef": 0.0}}]}
+                        "overrides": {"train.steps": 3, "policy_loss.kl_coef": 0.0}}]}
     path = tmp_path / "pipe.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -183,9 +183,9 @@ def test_a_bad_stage_override_names_the_file_and_stage_and_leaves_no_directory(p
     assert not root.exists()  # checked before the pipeline directory (or stage 1) was created
     data["stages"][1]["overrides"].pop("train.stepz")
     pipeline_file.write_text(yaml.safe_dump(data, sort_keys=False))
-    assert main(["pipeline", str(pipeline_file), "--dir", str(root), "grpo.groupsize=2"]) == 2
+    assert main(["pipeline", str(pipeline_file), "--dir", str(root), "sampling.groupsize=2"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "stages[0] (stage1" in err and "command-line override 'grpo.groupsize=2'" in err, err
+    assert "stages[0] (stage1" in err and "command-line override 'sampling.groupsize=2'" in err, err
     assert not root.exists()
 
 
@@ -199,3 +199,14 @@ def test_a_pipeline_by_name_and_a_copied_pipeline_file_find_the_shipped_recipes(
     assert [s.recipe for s in mine.stages] == [s.recipe for s in shipped.stages]
     with pytest.raises(UserError, match="pipeline 'nonesuch' not found"):
         load_pipeline("nonesuch")
+
+
+def test_an_old_key_in_a_stage_override_names_the_pipeline_stage_and_new_key(pipeline_file, capsys):
+    data = yaml.safe_load(pipeline_file.read_text())
+    data["stages"][1]["overrides"]["grpo.kl_coef"] = 0.0
+    pipeline_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["pipeline", str(pipeline_file)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"{pipeline_file}: stages[1] (stage2, recipe stage2.yaml): override 'grpo.kl_coef=0.0': "
+                        "key 'grpo.kl_coef' was renamed to 'policy_loss.kl_coef'"), err
+    assert "\n" not in err

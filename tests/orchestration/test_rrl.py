@@ -18,7 +18,7 @@ from rise_nemo.data.chain_task import step_prefixes
 from rise_nemo.orchestration import checkpoint as ckpt
 from rise_nemo.orchestration.reasoning_step import reasoning_train_step
 from rise_nemo.orchestration.run import build_trainer
-from rise_nemo.orchestration.step import make_policy_loss_fn
+from rise_nemo.orchestration.step import recipe_policy_loss_fn
 from rise_nemo.orchestration.trainer import read_metrics
 
 # Two training problems (one per level), two per step: every step revisits both, so states replay from step 2.
@@ -78,7 +78,7 @@ def test_resume_with_a_non_empty_buffer_is_exact(tmp_path):
 
 def test_replayed_state_tokens_get_zero_gradient_and_gae_starts_at_the_state(tmp_path):
     trainer = build_trainer(_cfg(tmp_path / "run", 2, "rrl", "ppo.normalize_advantages=false", "ppo.gae_lambda=1.0",
-                                 "grpo.kl_coef=0"))
+                                 "policy_loss.kl_coef=0"))
     trainer.policy = trainer.ctx.policy = RecordingPolicy(trainer.policy)
     problems = trainer.sampler.next_batch()
     reasoning_train_step(trainer.ctx, problems, 1)
@@ -92,7 +92,7 @@ def test_replayed_state_tokens_get_zero_gradient_and_gae_starts_at_the_state(tmp
         given[row] = len(hooks._replayed.get((i, j), ()))
     replayed = [r for r in range(len(rows)) if given[r] > 0]
     assert replayed
-    loss_fn = make_policy_loss_fn(trainer.cfg)
+    loss_fn = recipe_policy_loss_fn(trainer.cfg)
     logits = trainer.policy.inner.engine.forward(batch["input_ids"])
     lp = token_logprobs(logits, batch["input_ids"], 256)
     lp.retain_grad()

@@ -57,7 +57,7 @@ def recipe(tokenizer_dir: Path, run_dir: Path, method: str = "rise", **over: Any
     return {
         "run": {"name": f"tiny-{method}", "dir": str(run_dir), "seed": 3},
         "method": method,
-        "grpo": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 8},
+        "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 8},
         "rise": {"lambda_guide": 0.2, "schedule": {"mode": "fixed", "switch_step": 3}},
         "data": {"source": "persistent"},  # prompts are passed to the Trainer directly
         "judge": {"type": "rule"},
@@ -112,7 +112,7 @@ def chain_recipe(method: str, run_dir: Path | None = None, group_size: int = 4, 
     return {
         "run": {"name": method, "seed": 1, **({"dir": str(run_dir)} if run_dir is not None else {})},
         "method": method,
-        "grpo": {"prompts_per_step": 2, "group_size": group_size, "max_new_tokens": max_new_tokens},
+        "sampling": {"prompts_per_step": 2, "group_size": group_size, "max_new_tokens": max_new_tokens},
         "data": {"source": "chain_arithmetic", "warm_start_cache": None,
                  "task": {"max_steps": 3, "train_per_level": 4, "heldout_per_level": 2, "train_levels": [2, 3]},
                  "warm_start": {"steps": 3, "batch_size": 4}},

@@ -22,7 +22,7 @@ def tiny_tree(**nemo_policy_overrides) -> dict:
     """A small self-contained NeMo-RL recipe tree: Qwen3-8B on 1 node, no judge."""
     tree = {
         "run": {"name": "t"}, "backend": "nemo",
-        "grpo": {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 1024},
+        "sampling": {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 1024},
         "nemo": {
             "plan": {"nodes": 1},
             "cluster": {"num_nodes": 1, "gpus_per_node": 8},
@@ -75,11 +75,11 @@ def test_heads_and_kv_heads_divisibility():
 
 def test_batch_and_sequence_checks():
     tree = tiny_tree()
-    tree["grpo"]["prompts_per_step"] = 3  # 24 rows, DP 4 x mbs 1 -> ok; mbs 5 -> not
+    tree["sampling"]["prompts_per_step"] = 3  # 24 rows, DP 4 x mbs 1 -> ok; mbs 5 -> not
     tree["nemo"]["policy"]["train_micro_batch_size"] = 5
-    assert any(i.startswith("grpo.prompts_per_step") for i in issues(tree))
+    assert any(i.startswith("sampling.prompts_per_step") for i in issues(tree))
     tree = tiny_tree()
-    tree["grpo"]["max_new_tokens"] = 4096
+    tree["sampling"]["max_new_tokens"] = 4096
     assert any("max_total_sequence_length" in i and "no room" in i for i in issues(tree))
     tree = tiny_tree()
     tree["nemo"]["policy"]["make_sequence_length_divisible_by"] = 1
@@ -224,9 +224,9 @@ def test_cli_errors_name_the_recipe_once(capsys):
     assert main(["plan", "nonesuch_recipe"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("nonesuch_recipe") == 1 and "not found" in err, err
-    assert main(["plan", "rise_14b", "grpo.groupsize=2"]) == 2  # a message without the recipe gets it in front
+    assert main(["plan", "rise_14b", "sampling.groupsize=2"]) == 2  # a message without the recipe gets it in front
     err = capsys.readouterr().err.strip()
-    assert err.startswith("rise-nemo plan: rise_14b: command-line override 'grpo.groupsize=2'"), err
+    assert err.startswith("rise-nemo plan: rise_14b: command-line override 'sampling.groupsize=2'"), err
 
 
 def test_critic_phase_is_the_value_model_alone():

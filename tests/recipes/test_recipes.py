@@ -65,10 +65,10 @@ def test_global_batch_is_the_rows_of_one_step(name, rows):
 
 def test_paper_hyperparameters_in_rise_14b():
     t = load("rise_14b.yaml")
-    assert (t["grpo"]["prompts_per_step"], t["grpo"]["group_size"]) == (64, 8)
-    assert (t["grpo"]["clip_low"], t["grpo"]["clip_high"], t["grpo"]["kl_coef"], t["grpo"]["entropy_coef"]) == (
+    assert (t["sampling"]["prompts_per_step"], t["sampling"]["group_size"]) == (64, 8)
+    assert (t["policy_loss"]["clip_low"], t["policy_loss"]["clip_high"], t["policy_loss"]["kl_coef"], t["policy_loss"]["entropy_coef"]) == (
         0.2, 0.28, 0.0, 0.0)
-    assert t["grpo"]["max_new_tokens"] == 8192
+    assert t["sampling"]["max_new_tokens"] == 8192
     assert (t["reward"]["overlong_buffer"], t["reward"]["overlong_factor"]) == (4096, 0.5)
     assert (t["rise"]["gamma"], t["rise"]["top_m"], t["rise"]["privileged_group_size"]) == (0.1, 5, 8)
     assert t["nemo"]["policy"]["megatron_cfg"]["optimizer"]["lr"] == 1e-6
@@ -109,7 +109,7 @@ def _broken(name: str, mutate) -> dict:
 
 @pytest.mark.parametrize("mutate, fragment", [
     (lambda t: t["nemo"]["policy"]["generation"].__setitem__("temperature", 0.7),
-     "nemo.policy.generation.temperature is set from grpo.temperature"),
+     "nemo.policy.generation.temperature is set from sampling.temperature"),
     (lambda t: t["nemo"].__setitem__("adapter", {"importance_sampling": "tis"}),
      "nemo.adapter.importance_sampling: 'tis'"),
     (lambda t: t["nemo"].__setitem__("algorithm", "ppo"), "nemo.algorithm: 'ppo'"),
@@ -159,10 +159,10 @@ def test_launch_size_overrides_documented_nodes():
 
 def test_loader_rejects_unknown_top_level_key(tmp_path):
     bad = yaml.safe_load((RECIPES / "rise_14b.yaml").read_text())
-    bad["grpo"]["group_sizes"] = 8
+    bad["sampling"]["group_sizes"] = 8
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
-    with pytest.raises(ConfigError, match="grpo.group_sizes"):
+    with pytest.raises(ConfigError, match="sampling.group_sizes"):
         load_config(path)
 
 
@@ -171,11 +171,11 @@ def test_reasoning_baseline_recipes():
     ppo, grpo = load("ppo_math_7b.yaml"), load("grpo_math_qwen3_4b.yaml")
     assert (ppo["method"], grpo["method"]) == ("ppo", "grpo")
     assert (ppo["data"]["format"], grpo["data"]["format"]) == ("math", "math")
-    g = ppo["grpo"]
-    assert (g["kl_coef"], g["temperature"], g["top_p"], g["max_new_tokens"]) == (0.001, 0.8, 0.9, 2048)
+    g, s = ppo["policy_loss"], ppo["sampling"]
+    assert (g["kl_coef"], s["temperature"], s["top_p"], s["max_new_tokens"]) == (0.001, 0.8, 0.9, 2048)
     assert ppo["nemo"]["policy"]["megatron_cfg"]["optimizer"]["lr"] == 5e-7
     assert ppo["nemo"]["value"]["megatron_cfg"]["optimizer"]["lr"] == 1.5e-6
-    assert "value" not in grpo["nemo"] and grpo["grpo"]["kl_coef"] == 0.0
+    assert "value" not in grpo["nemo"] and grpo["policy_loss"]["kl_coef"] == 0.0
     report = plan_recipe(ppo)
     assert report.layout.critic is not None and "critic" in report.phases
     assert report.layout.critic.model.name == "qwen2.5-math-7b" and report.layout.judge is None
@@ -197,8 +197,8 @@ def test_rrl_recipe_is_the_ppo_baseline_plus_replay():
     """RRL on MATH: the PPO baseline's model, layout and paper settings, plus the paper's replay settings."""
     ppo, rrl = load("ppo_math_7b.yaml"), load("rrl_math_7b.yaml")
     assert rrl["method"] == "rrl" and rrl["backend"] == "nemo"
-    g = rrl["grpo"]
-    assert (g["kl_coef"], g["temperature"], g["top_p"], g["max_new_tokens"]) == (0.001, 0.8, 0.9, 2048)
+    g, s = rrl["policy_loss"], rrl["sampling"]
+    assert (g["kl_coef"], s["temperature"], s["top_p"], s["max_new_tokens"]) == (0.001, 0.8, 0.9, 2048)
     assert rrl["nemo"]["policy"]["megatron_cfg"]["optimizer"]["lr"] == 5e-7
     assert rrl["nemo"]["value"]["megatron_cfg"]["optimizer"]["lr"] == 1.5e-6
     assert {k: v for k, v in rrl.items() if k not in ("run", "method", "rrl")} == {
@@ -213,18 +213,18 @@ def test_exprl_recipes_carry_the_issue_settings():
     for t in (o, p, s2):
         assert t["nemo"]["policy"]["model_name"] == "Qwen/Qwen3-4B-Instruct-2507"
         assert t["nemo"]["policy"]["megatron_cfg"]["optimizer"]["lr"] == 1e-6
-        assert (t["grpo"]["max_new_tokens"], t["grpo"]["temperature"]) == (16384, 0.8)
+        assert (t["sampling"]["max_new_tokens"], t["sampling"]["temperature"]) == (16384, 0.8)
     for t in (o, p):
         assert t["judge"]["model"] == "Qwen/Qwen3-4B-Instruct-2507" and t["judge"]["type"] == "http"
         assert t["nemo"]["plan"]["judge"]["model"] == "Qwen/Qwen3-4B-Instruct-2507"  # its own vLLM node
-        assert t["nemo"]["plan"]["judge"]["nodes"] == 1 and t["grpo"]["kl_coef"] == 0.001
-        assert t["grpo"]["prompts_per_step"] == 36
-        assert t["nemo"]["policy"]["train_global_batch_size"] == 36 * t["grpo"]["group_size"]
-    assert (o["method"], o["grpo"]["group_size"], o["grpo"]["clip_low"], o["grpo"]["clip_high"]) == (
+        assert t["nemo"]["plan"]["judge"]["nodes"] == 1 and t["policy_loss"]["kl_coef"] == 0.001
+        assert t["sampling"]["prompts_per_step"] == 36
+        assert t["nemo"]["policy"]["train_global_batch_size"] == 36 * t["sampling"]["group_size"]
+    assert (o["method"], o["sampling"]["group_size"], o["policy_loss"]["clip_low"], o["policy_loss"]["clip_high"]) == (
         "exprl_outcome", 10, 0.2, 0.28)
-    assert (p["method"], p["grpo"]["group_size"], p["grpo"]["clip_low"], p["grpo"]["clip_high"]) == (
+    assert (p["method"], p["sampling"]["group_size"], p["policy_loss"]["clip_low"], p["policy_loss"]["clip_high"]) == (
         "exprl_process", 16, 0.2, 0.26)
-    assert (s2["method"], s2["grpo"]["group_size"], s2["grpo"]["prompts_per_step"], s2["grpo"]["kl_coef"],
+    assert (s2["method"], s2["sampling"]["group_size"], s2["sampling"]["prompts_per_step"], s2["policy_loss"]["kl_coef"],
             s2["train"]["steps"]) == ("grpo", 32, 32, 0.0, 500)
 
 
@@ -235,7 +235,7 @@ def test_apps_recipes_are_the_math_setup_on_code():
                                          "ppo_math_7b.yaml"))
     assert (ppo["method"], rrl["method"]) == ("ppo", "rrl")
     for tree in (ppo, rrl):
-        assert tree["data"]["format"] == "apps" and tree["grpo"] == math["grpo"]
+        assert tree["data"]["format"] == "apps" and all(tree[b] == math[b] for b in ("sampling", "policy_loss"))
         assert tree["nemo"]["policy"]["model_name"] == "deepseek-ai/deepseek-coder-6.7b-instruct"
         assert tree["nemo"]["value"] == math["nemo"]["value"]
         report = plan_recipe(tree)
@@ -255,7 +255,8 @@ def test_hh_recipes_are_the_math_setup_on_hh_with_a_reward_model():
     ppo, rrl, math = (load(n) for n in ("ppo_hh_llama2_7b.yaml", "rrl_hh_llama2_7b.yaml", "ppo_math_7b.yaml"))
     assert (ppo["method"], rrl["method"]) == ("ppo", "rrl")
     for tree in (ppo, rrl):
-        assert tree["data"]["format"] == "hh_rlhf" and tree["grpo"] == math["grpo"]
+        assert tree["data"]["format"] == "hh_rlhf"
+        assert all(tree[b] == math[b] for b in ("sampling", "policy_loss", "advantage"))
         assert tree["reward"]["scorer"] == "reward_model" and tree["reward_model"]["normalize"] == "none"
         assert tree["nemo"]["policy"]["model_name"] == "meta-llama/Llama-2-7b-hf"
         assert tree["nemo"]["value"] == math["nemo"]["value"]

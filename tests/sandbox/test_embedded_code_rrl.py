@@ -42,7 +42,7 @@ def test_rrl_on_the_sandboxed_code_reward(tmp_path, sandbox):
     cfg = config_from_dict({
         "run": {"name": "rrl-code", "dir": str(tmp_path / "run"), "seed": 0},
         "backend": "local", "method": "rrl",
-        "grpo": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 24},
+        "sampling": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 24},
         "data": {"source": "jsonl", "format": "apps", "train_path": str(TASK), "eval_path": str(TASK),
                  "max_eval_prompts": 2},
         "rrl": {"beta": 1.0, "steps_per_epoch": 1, "stabilise": {"max_steps": 0}},

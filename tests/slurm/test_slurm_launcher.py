@@ -86,7 +86,7 @@ def test_dry_run_refuses_a_layout_the_planner_rejects():
     assert "rise-nemo plan rejects recipes/rise_14b.yaml on 4 node(s)" in res.stderr
     assert "[dry-run]" not in res.stdout  # refused before any role or command is laid out
     # The user's overrides reach the planner: a batch DP 3 divides makes the same allocation valid.
-    res = dry_run("rise_14b.sh", "--nodes", "4", "grpo.prompts_per_step=48", "nemo.policy.train_global_batch_size=768")
+    res = dry_run("rise_14b.sh", "--nodes", "4", "sampling.prompts_per_step=48", "nemo.policy.train_global_batch_size=768")
     assert res.returncode == 0 and "on 4 node(s): OK: layout valid" in res.stdout, res.stderr
     res = dry_run("rise_14b.sh", "--nodes", "4", env={"RISE_PLAN_CHECK": "0"})
     assert res.returncode == 0 and "planner check skipped (RISE_PLAN_CHECK=0)" in res.stdout, res.stderr

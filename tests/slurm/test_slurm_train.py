@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # with the training config, e.g. train.steps) is built once per machine, not once per test (~55 s each).
 # Checkpoints only at the end and on a signal: a resume mid-run must come from the signal's checkpoint.
 STEPS = 8
-FAST = ("eval.every=0", "eval.at_start=false", "grpo.prompts_per_step=4", "grpo.group_size=4",
+FAST = ("eval.every=0", "eval.at_start=false", "sampling.prompts_per_step=4", "sampling.group_size=4",
         "local.num_threads=1", f"train.steps={STEPS}", "train.checkpoint_every=0")
 
 

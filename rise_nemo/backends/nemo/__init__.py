@@ -188,7 +188,7 @@ def build_backend(cfg: Any, *, checkpoint: str | Path | None = None, train_promp
     master.policy["generation"] = configure_generation_config(master.policy["generation"], tokenizer)
     chat_kwargs = master.policy["tokenizer"].get("chat_template_kwargs") or {}
     dataset = nemo_dataset(list(train_prompts or []), partial(encode_chat, tokenizer, chat_template_kwargs=chat_kwargs),
-                           int(recipe["grpo"]["prompts_per_step"]))
+                           int(recipe["sampling"]["prompts_per_step"]))
     resume = policy_dir(checkpoint)
     out = grpo.setup(master, tokenizer, dataset, None, policy_factory=partial(_policy_with_resume, Policy, resume))
     policy, generation, master = out[0], out[1], out[10]

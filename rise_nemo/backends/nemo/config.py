@@ -37,16 +37,16 @@ DEFAULT_NEMO_RL_DIR = "/opt/nemo-rl"  # where the NeMo-RL container keeps its ch
 
 # NeMo-RL key (under nemo:) -> the rise_nemo key it is derived from.
 DERIVED: dict[str, str] = {
-    "policy.generation.temperature": "grpo.temperature",
-    "policy.generation.top_p": "grpo.top_p",
-    "policy.generation.max_new_tokens": "grpo.max_new_tokens",
-    "grpo.num_prompts_per_step": "grpo.prompts_per_step",
-    "grpo.num_generations_per_prompt": "grpo.group_size",
+    "policy.generation.temperature": "sampling.temperature",
+    "policy.generation.top_p": "sampling.top_p",
+    "policy.generation.max_new_tokens": "sampling.max_new_tokens",
+    "grpo.num_prompts_per_step": "sampling.prompts_per_step",
+    "grpo.num_generations_per_prompt": "sampling.group_size",
     "grpo.seed": "run.seed",
     "grpo.max_num_steps": "train.steps",
     "grpo.max_num_epochs": "train.steps",
-    "loss_fn.reference_policy_kl_penalty": "grpo.kl_coef",
-    "grpo.skip_reference_policy_logprobs_calculation": "grpo.kl_coef",
+    "loss_fn.reference_policy_kl_penalty": "policy_loss.kl_coef",
+    "grpo.skip_reference_policy_logprobs_calculation": "policy_loss.kl_coef",
     "checkpointing.enabled": "train.checkpoint_every",
     "checkpointing.save_period": "train.checkpoint_every",
     "checkpointing.keep_top_k": "train.keep_checkpoints",
@@ -123,19 +123,19 @@ def validate_nemo_block(recipe: Mapping[str, Any]) -> None:
 
 def derived_values(recipe: Mapping[str, Any], run_dir: str) -> dict[str, Any]:
     """NeMo-RL keys written from rise_nemo's blocks (dotted key -> value)."""
-    kl = float(get(recipe, "grpo.kl_coef", 0.0))
+    kl = float(get(recipe, "policy_loss.kl_coef", 0.0))
     out = {
-        "policy.generation.temperature": float(get(recipe, "grpo.temperature", 1.0)),
-        "policy.generation.top_p": float(get(recipe, "grpo.top_p", 1.0)),
-        "policy.generation.max_new_tokens": int(get(recipe, "grpo.max_new_tokens")),
+        "policy.generation.temperature": float(get(recipe, "sampling.temperature", 1.0)),
+        "policy.generation.top_p": float(get(recipe, "sampling.top_p", 1.0)),
+        "policy.generation.max_new_tokens": int(get(recipe, "sampling.max_new_tokens")),
         "logger.log_dir": str(Path(run_dir) / "nemo_rl_logs"),
         # rise_nemo checkpoints into <run>/checkpoints itself; NeMo-RL's manager must not find them.
         "checkpointing.checkpoint_dir": str(Path(run_dir) / "nemo_rl_checkpoints"),
     }
     if algorithm(recipe) == NEMO_GRPO:
         out.update({
-            "grpo.num_prompts_per_step": int(get(recipe, "grpo.prompts_per_step")),
-            "grpo.num_generations_per_prompt": int(get(recipe, "grpo.group_size")),
+            "grpo.num_prompts_per_step": int(get(recipe, "sampling.prompts_per_step")),
+            "grpo.num_generations_per_prompt": int(get(recipe, "sampling.group_size")),
             "grpo.seed": int(get(recipe, "run.seed", 0)),
             "grpo.max_num_steps": int(get(recipe, "train.steps")),
             # setup() sizes Megatron's scheduler as min(max_num_steps, max_num_epochs x batches per epoch);

@@ -62,7 +62,7 @@ class RiseLossFunction:
     """NeMo-RL ``LossFunction`` (input_type LOGPROB, loss_type TOKEN_LEVEL) around a core objective.
 
     ``objective(logprobs [B, T], data) -> (loss, metrics)`` is what the orchestration hands to
-    ``Policy.train``: ``functools.partial(rise_nemo.core.losses.rise_objective, cfg=...)`` (picklable).
+    ``Policy.train``: ``functools.partial(rise_nemo.core.losses.policy_objective, cfg=...)`` (picklable).
     """
 
     def __init__(self, objective: Objective):

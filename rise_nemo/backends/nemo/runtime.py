@@ -150,7 +150,7 @@ class NemoGenerator:
             if abs(float(want) - float(got)) > 1e-9:
                 raise ValueError(
                     f"nemo backend: {name}={got} requested, but vLLM was built with {name}={want} "
-                    f"(grpo.{name}); evaluation and training must sample with the same settings"
+                    f"(sampling.{name}); evaluation and training must sample with the same settings"
                 )
         return False
 
