@@ -207,6 +207,12 @@ class ChainTask:
                 "heldout_per_level": c.heldout_per_level, "version": TASK_VERSION, **self._late_spec()}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
+    def without_late(self) -> ChainTask:
+        """The same task without its late-only skill (today's task of the same seed and sizes)."""
+        from dataclasses import replace
+
+        return make_chain_task(**{**asdict(replace(self.cfg, late_from=None)), "train_levels": self.cfg.train_levels})
+
     def sample_sft_chain(self, rng: random.Random, steps: int) -> Chain:
         """A fresh instance of ``steps`` steps that is not held out."""
         while True:

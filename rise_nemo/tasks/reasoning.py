@@ -51,6 +51,10 @@ class ReasoningWarmStartConfig:
     # rate and wrong-value mode (null = noise / noise_offset), so the late skill is a separate thing to learn
     late_noise: float | None = None
     late_noise_offset: int | None = None
+    # true: the clean phase trains on the task WITHOUT its late skill (the same seed, modulus, lengths and
+    # operands, so it shares today's task's cached clean phase), and the late skill is first met in the noisy
+    # phase, with its own noise: a less practised skill, and one cached clean phase for both tasks
+    clean_without_late: bool = False
 
     @classmethod
     def from_mapping(cls, cfg: Mapping | None) -> ReasoningWarmStartConfig:
@@ -90,6 +94,8 @@ class ReasoningWarmStartConfig:
         for key in ("late_noise", "late_noise_offset"):
             if spec[key] is None:
                 del spec[key]
+        if not spec["clean_without_late"]:
+            del spec["clean_without_late"]
         return spec
 
     def late_noise_spec(self, late_from: int | None) -> tuple[int, float, int | None] | None:
@@ -154,8 +160,12 @@ def _warm_start_reasoning(policy, generator, task: ChainTask, wcfg: ReasoningWar
     stats = {"steps": wcfg.steps, "noise_steps": wcfg.noise_steps, "clean_loss": float("nan"),
              "final_loss": float("nan"), "train_seconds": 0.0, "cached": False, "clean_cached": False}
     for name, steps, lr, noise in wcfg.phases():
+        phase_task = task
+        if name == "clean" and wcfg.clean_without_late and task.late is not None:
+            phase_task = task.without_late()
         # the clean phase has its own cache entry, shared by warm starts that differ only in the noisy phase
-        phase_cache = (root / f"reasoning_clean_{_digest({**base, 'clean': wcfg.clean_spec()})}"
+        phase_base = {**base, "task": phase_task.warm_start_fingerprint()}
+        phase_cache = (root / f"reasoning_clean_{_digest({**phase_base, 'clean': wcfg.clean_spec()})}"
                        if root is not None and name == "clean" else None)
         with cache_lock(phase_cache):  # shared by other warm starts: locked on its own, inside the outer lock
             if phase_cache is not None and (phase_cache / "stats.json").exists():
@@ -164,7 +174,7 @@ def _warm_start_reasoning(policy, generator, task: ChainTask, wcfg: ReasoningWar
                 stats["clean_cached"] = True
             else:
                 rng = random.Random(f"chain-warm-{wcfg.seed}" + ("" if name == "clean" else f"-{name}"))
-                phase = _sft_phase(policy, generator, task, rng, name, steps, wcfg.batch_size, lr, noise,
+                phase = _sft_phase(policy, generator, phase_task, rng, name, steps, wcfg.batch_size, lr, noise,
                                    wcfg.noise_offset, progress, wcfg.late_noise_spec(task.cfg.late_from) if noise else None)
                 if phase_cache is not None:
                     save_weights(policy, phase_cache, {**phase, "cache_path": ""})

@@ -218,3 +218,14 @@ def test_leading_correct_steps_counts_the_reference_prefix():
     assert [leading_correct_steps(p, s) for s in step_prefixes(p)] == [0, 1, 2, 3]
     wrong = step_prefixes(p)[2] + " step c add 1 = 999"
     assert leading_correct_steps(p, wrong) == 2
+
+
+def test_without_late_is_todays_task_so_the_clean_phase_cache_is_shared():
+    late = make_chain_task(seed=0, train_levels=[6, 7, 8, 9, 10], train_per_level=8, late_from=8)
+    base = late.without_late()
+    assert base.late is None and base.warm_start_fingerprint() == "fe034880828ad4c2"  # today's (above)
+    assert [p.messages for p in base.heldout] == [p.messages for p in make_chain_task(
+        seed=0, train_levels=[6, 7, 8, 9, 10], train_per_level=8).heldout]
+    wcfg = ReasoningWarmStartConfig.from_mapping({"clean_without_late": True})
+    assert wcfg.cache_spec()["clean_without_late"] is True
+    assert "clean_without_late" not in ReasoningWarmStartConfig.from_mapping({}).cache_spec()
