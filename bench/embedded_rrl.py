@@ -41,7 +41,7 @@ Ends with
            critic_auc=... ref_hard_pass1_ratio=... late_reach_rate=... late_prefix_pass1=... scratch_pass1=...
 
 Usage: python bench/embedded_rrl.py [--steps 40] [--seeds 0 1 2] [--samples 16] [--eval-per-level N]
-       [--tasks premise control] [--variants ppo rrl rrl_ref rrl_cs rrl_pgs] [--critic-pretrain 200]
+       [--tasks premise control] [--variants ppo rrl rrl_ref rrl_cs rrl_pgs] [--critic-pretrain 100]
        [--out F] [key=value ...]
 """
 
@@ -78,7 +78,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--eval-per-level", type=int, default=None, help="held-out problems per level (default: all)")
     p.add_argument("--variants", nargs="+", default=["ppo", "rrl", "rrl_ref"], choices=list(VARIANTS))
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    p.add_argument("--critic-pretrain", type=int, default=200,
+    p.add_argument("--critic-pretrain", type=int, default=100,
                    help="critic pre-training updates on warm-start rollouts for every variant (0 = off)")
     p.add_argument("--out", default=None, help="write every measurement as JSON here")
     p.add_argument("overrides", nargs="*", help="recipe overrides for every variant, e.g. rrl.beta=0.3")
