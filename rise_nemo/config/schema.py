@@ -188,6 +188,15 @@ class PpoCfg:
     # verl's trainer.critic_warmup: during steps 1..K the critic trains on the step's rollouts and the policy is
     # not updated (docs/DESIGN.md §7); 0 = off. Only the step number decides, so a resume is exact.
     critic_warmup_steps: int = 0
+    # Critic pre-training on the WARM START's rollouts, before step 1 of a fresh run (issue 24; docs/DESIGN.md
+    # §9): ``critic_pretrain_rollouts`` samples per training problem from the warm-started policy, 0/1
+    # returns, ``critic_pretrain_updates`` AdamW steps at ``critic_pretrain_lr`` on shuffled minibatches of
+    # ``critic_pretrain_batch`` rollouts (no value clipping); 0 updates = off. Not verl's critic warm-up above
+    # (on-policy, one update per step at critic_lr): that one does not teach the critic to rank states here.
+    critic_pretrain_updates: int = 0
+    critic_pretrain_lr: float = 3e-4
+    critic_pretrain_batch: int = 64
+    critic_pretrain_rollouts: int = 8
 
 
 @dataclass
@@ -238,6 +247,14 @@ class RrlCfg:
     granularity: Literal["token", "line", "step"] = "line"
     step_marker: str = "step"  # granularity step: a state ends before this marker (the embedded task's steps)
     stabilise: RrlStabiliseCfg = field(default_factory=RrlStabiliseCfg)
+    # our rule (the paper is silent; docs/DESIGN.md §9): a buffered state whose last N replays were all wrong
+    # is dropped (core.replay.ReplayBuffer.record_failure); null = never (the paper's buffer)
+    max_failed_replays: int | None = 4
+    # how a candidate state (a cut point of a solution) is scored before buffer <- argmax (§2.2): value = the
+    # critic (the paper), reference = the reference judge's prefix score (ExpRL's judge, the ``judge:`` block;
+    # beyond the paper), mix = reference_weight * reference + (1 - reference_weight) * value
+    state_scorer: Literal["value", "reference", "mix"] = "value"
+    reference_weight: float = 0.5
 
 
 @dataclass
@@ -387,6 +404,10 @@ RANGE_CHECKS: dict[str, tuple[Any, Any]] = {
     "ppo.critic_lr": (lambda v: v > 0, "> 0"),
     "ppo.critic_updates": (lambda v: v >= 1, ">= 1"),
     "ppo.critic_warmup_steps": (lambda v: v >= 0, ">= 0 (0 = no warm-up)"),
+    "ppo.critic_pretrain_updates": (lambda v: v >= 0, ">= 0 (0 = no pre-training)"),
+    "ppo.critic_pretrain_lr": (lambda v: v > 0, "> 0"),
+    "ppo.critic_pretrain_batch": (lambda v: v >= 1, ">= 1"),
+    "ppo.critic_pretrain_rollouts": (lambda v: v >= 1, ">= 1"),
     "train.steps": (lambda v: v >= 0, ">= 0"),
     "train.checkpoint_every": (lambda v: v >= 0, ">= 0"),
     "train.keep_checkpoints": (lambda v: v >= 0, ">= 0"),
@@ -399,6 +420,8 @@ RANGE_CHECKS: dict[str, tuple[Any, Any]] = {
     "rrl.capacity": (lambda v: v >= 1, ">= 1"),
     "rrl.state_sources": (lambda v: len(v) >= 1 and len(set(v)) == len(v), "a non-empty list without repeats"),
     "rrl.step_marker": (lambda v: len(v) > 0, "a non-empty string"),
+    "rrl.max_failed_replays": (lambda v: v is None or v >= 1, ">= 1 or null (never dropped)"),
+    "rrl.reference_weight": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "rrl.stabilise.window": (lambda v: v >= 1, ">= 1"),
     "rrl.stabilise.tolerance": (lambda v: v >= 0, ">= 0"),
     "rrl.stabilise.max_steps": (lambda v: v >= 0, ">= 0"),

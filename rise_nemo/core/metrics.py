@@ -3,6 +3,7 @@ token entropy and pairwise win / tie / lose with swapped positions; ``finite_or_
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -207,3 +208,18 @@ def bootstrap_mean(values: Sequence[float], *, resamples: int = 1000, seed: int 
     tail = (1.0 - level) / 2
     return {"mean": point, "std": float(means.std()), "lo": float(np.quantile(means, tail)),
             "hi": float(np.quantile(means, 1 - tail))}
+
+
+def ranking_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
+    """Area under the ROC curve of ``scores`` separating positive from negative ``labels``: the probability
+    that a random positive scores above a random negative, ties counting 1/2 (the Mann-Whitney U statistic
+    / (n_pos n_neg)). None when either class is empty. 0.5 = no ranking, 1 = perfect."""
+    if len(scores) != len(labels):
+        raise ValueError(f"ranking_auc: {len(scores)} scores but {len(labels)} labels")
+    pos = sorted(float(s) for s, y in zip(scores, labels) if y)
+    neg = sorted(float(s) for s, y in zip(scores, labels) if not y)
+    if not pos or not neg:
+        return None
+    wins = sum(bisect.bisect_left(neg, p) + 0.5 * (bisect.bisect_right(neg, p) - bisect.bisect_left(neg, p))
+               for p in pos)
+    return wins / (len(pos) * len(neg))

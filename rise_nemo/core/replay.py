@@ -4,7 +4,9 @@ Retrospective Replay", §2.2 and Algorithm 1). Pure Python + tensors: no model, 
 - ``ReplayBuffer``: per problem, at most ``capacity`` promising states (response-token prefixes), each with
   a counter of how often it was replayed; the least-explored state is replayed first, the most-explored one
   is evicted when a new state needs room, a state is removed once a completion from it is correct
-  (Algorithm 1, lines 8-9 and 11-14).
+  (Algorithm 1, lines 8-9 and 11-14), and (our rule, the paper is silent; docs/DESIGN.md §9) once
+  ``max_failures`` replays of it in a row were wrong: a state no completion solves is most likely already
+  wrong (dead), and replaying it only trains negative advantage onto locally correct continuations.
 - ``replay_probability``: p of Algorithm 1, line 4.
 - ``state_boundaries`` / ``candidate_state``: buffer <- argmax_{s_i} V(s_i) (§2.2), over the allowed cut
   points of one solution (token / line / step granularity), never the empty or the complete solution.
@@ -36,6 +38,7 @@ class BufferedState:
     tokens: tuple[int, ...]  # response-token prefix the replayed rollout continues (context only, eq. 3)
     counter: int = 0  # times it was replayed (Algorithm 1, line 13)
     source: str = "policy"  # "policy" (a generated solution, line 8) or "canonical" (the reference, line 9)
+    failures: int = 0  # replays of it whose completion was wrong (a correct one removes the state)
 
 
 @dataclass
@@ -46,16 +49,22 @@ class ReplayBuffer:
     lowest counter (ties broken by the caller's seeded ``random.Random``) and increments its counter; ``add``
     of a state already buffered for that problem is a no-op; when the problem's buffer is full, the state
     with the HIGHEST counter is evicted (ties: the oldest) to make room; ``remove`` drops a state (a
-    completion from it was correct). Counters of added / removed / evicted states accumulate in ``stats``.
+    completion from it was correct); ``record_failure`` counts a wrong completion from a state and drops it
+    (``dropped``) at ``max_failures`` (None = never; the paper's rule). Counters of added / removed /
+    evicted / dropped states accumulate in ``stats``.
     """
 
     capacity: int  # rrl.capacity (rise_nemo.config.schema RrlCfg; paper: 5)
+    max_failures: int | None = None  # rrl.max_failed_replays (our rule; None = the paper's: never dropped)
     states: dict[str, list[BufferedState]] = field(default_factory=dict)
-    stats: dict[str, int] = field(default_factory=lambda: {"added": 0, "removed": 0, "evicted": 0, "duplicate": 0})
+    stats: dict[str, int] = field(default_factory=lambda: {"added": 0, "removed": 0, "evicted": 0, "duplicate": 0,
+                                                           "dropped": 0})
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
             raise ValueError(f"ReplayBuffer: capacity must be >= 1, got {self.capacity}")
+        if self.max_failures is not None and self.max_failures < 1:
+            raise ValueError(f"ReplayBuffer: max_failures must be None or >= 1, got {self.max_failures}")
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.states.values())
@@ -91,28 +100,45 @@ class ReplayBuffer:
         chosen.counter += 1
         return chosen.tokens
 
-    def remove(self, problem: str, tokens: Sequence[int]) -> bool:
+    def remove(self, problem: str, tokens: Sequence[int], reason: str = "removed") -> bool:
         """Drop a state (a completion from it was correct). False when it is no longer buffered."""
         key = tuple(int(t) for t in tokens)
         buf = self.states.get(problem, [])
         for i, s in enumerate(buf):
             if s.tokens == key:
                 buf.pop(i)
-                self.stats["removed"] += 1
+                self.stats[reason] += 1
                 if not buf:
                     del self.states[problem]
                 return True
         return False
 
+    def record_failure(self, problem: str, tokens: Sequence[int]) -> bool:
+        """A completion from the state was wrong: its failure count +1; at ``max_failures`` the state is
+        dropped (True). False when it is kept or no longer buffered (a state evicted or removed earlier in
+        the same step)."""
+        key = tuple(int(t) for t in tokens)
+        state = next((s for s in self.states.get(problem, ()) if s.tokens == key), None)
+        if state is None:
+            return False
+        state.failures += 1
+        if self.max_failures is None or state.failures < self.max_failures:
+            return False
+        return self.remove(problem, key, reason="dropped")
+
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able: capacity, every problem's states in order (tokens, counter, source), the counters."""
+        """JSON-able: capacity, every problem's states in order (tokens, counter, source, failures), the
+        counters. (The rule's ``max_failures`` is configuration, not state.)"""
         return {"capacity": self.capacity, "stats": dict(self.stats),
-                "states": {p: [[list(s.tokens), s.counter, s.source] for s in buf] for p, buf in self.states.items()}}
+                "states": {p: [[list(s.tokens), s.counter, s.source, s.failures] for s in buf]
+                           for p, buf in self.states.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Also reads checkpoints written before the failure count existed (3-item states, failures 0)."""
         self.capacity = int(state["capacity"])
-        self.stats = {k: int(v) for k, v in state["stats"].items()}
-        self.states = {p: [BufferedState(tuple(int(t) for t in toks), int(c), str(src)) for toks, c, src in buf]
+        self.stats = {"dropped": 0, **{k: int(v) for k, v in state["stats"].items()}}
+        self.states = {p: [BufferedState(tuple(int(t) for t in item[0]), int(item[1]), str(item[2]),
+                                         int(item[3]) if len(item) > 3 else 0) for item in buf]
                        for p, buf in state["states"].items()}
 
 

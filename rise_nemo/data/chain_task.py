@@ -14,6 +14,12 @@ checkable step by step (``step_accuracy``) and RRL can cut the clean reference i
 step boundaries (``step_prefixes``). The answer is checked by ``RuleArithmeticVerifier`` (last
 ``answer N`` of the response).
 
+A late-only skill (RRL's premise task, docs/DESIGN.md §9; ``late_from``): steps ``late_from``..L of a chain
+draw their operands from ``late_operand_min..late_operand_max`` (a range the earlier steps never use), so only
+long chains contain them, and only at their end: a from-scratch rollout reaches them with a correct prefix
+rarely, which is the situation RRL's replay of late states addresses. ``late_from`` null (the default) is
+today's task, unchanged for every seed (same instances, same fingerprints).
+
 The warm start that trains the tiny model on this task is ``rise_nemo.tasks.reasoning``.
 """
 
@@ -64,6 +70,9 @@ class ChainTaskConfig:
     # control: imitable token by token); ``sketch`` only every second step and the last one
     # (``Chain.sketch_text``): checkable by the reference judge, not imitable step by step.
     reference: str = "full"
+    late_from: int | None = None  # late-only skill: steps late_from.. use the late operand range; None = off
+    late_operand_min: int = 6  # the late steps' operands (only with late_from)
+    late_operand_max: int = 12
 
     @classmethod
     def from_mapping(cls, cfg: Mapping | None) -> ChainTaskConfig:
@@ -88,10 +97,26 @@ class ChainTaskConfig:
                                      f"got {out.reference!r}")
         if out.operand_max >= out.modulus:
             raise ReasoningTaskError(f"data.task.operand_max: must be < modulus {out.modulus}")
+        if out.late_from is not None:
+            if not 2 <= int(out.late_from) <= out.max_steps:
+                raise ReasoningTaskError(f"data.task.late_from: expected null or 2..max_steps ({out.max_steps}), got "
+                                         f"{out.late_from!r}")
+            if not out.operand_max < out.late_operand_min <= out.late_operand_max < out.modulus:
+                raise ReasoningTaskError(
+                    f"data.task.late_operand_min/late_operand_max: need operand_max ({out.operand_max}) < "
+                    f"late_operand_min <= late_operand_max < modulus ({out.modulus}), got "
+                    f"{out.late_operand_min}..{out.late_operand_max}")
         for level in out.train_levels or ():
             if not 1 <= level <= out.max_steps:
                 raise ReasoningTaskError(f"data.task.train_levels: level {level} outside 1..{out.max_steps}")
         return out
+
+    @property
+    def late(self) -> tuple[int, int, int] | None:
+        """(late_from, late_operand_min, late_operand_max) of the late-only skill, None for today's task."""
+        if self.late_from is None:
+            return None
+        return int(self.late_from), int(self.late_operand_min), int(self.late_operand_max)
 
 
 @dataclass(frozen=True)
@@ -147,9 +172,17 @@ class Chain:
         )
 
 
-def random_chain(rng: random.Random, modulus: int, steps: int, operand_max: int) -> Chain:
-    ops = tuple((rng.choice(tuple(OPS)), rng.randint(1, operand_max)) for _ in range(steps))
+def random_chain(rng: random.Random, modulus: int, steps: int, operand_max: int,
+                 late: tuple[int, int, int] | None = None) -> Chain:
+    """``late`` = (late_from, low, high): steps late_from.. (1-based) draw operands from low..high."""
+    ops = tuple((rng.choice(tuple(OPS)), rng.randint(*_operand_range(i, operand_max, late))) for i in range(steps))
     return Chain(modulus, rng.randrange(modulus), ops)
+
+
+def _operand_range(index: int, operand_max: int, late: tuple[int, int, int] | None) -> tuple[int, int]:
+    if late is not None and index + 1 >= late[0]:
+        return late[1], late[2]
+    return 1, operand_max
 
 
 def parse_chain(text: str) -> Chain:
@@ -174,11 +207,21 @@ class ChainTask:
     heldout: list[ReasoningProblem]
     heldout_keys: frozenset
 
+    @property
+    def late(self) -> tuple[int, int, int] | None:
+        return self.cfg.late
+
+    def _late_spec(self) -> dict:
+        # only a task WITH the late skill names it, so today's task keeps its fingerprints (and cached warm starts)
+        return {} if self.late is None else {"late": list(self.late)}
+
     def fingerprint(self) -> str:
         cfg = asdict(self.cfg)
         if cfg["reference"] == "full":
             del cfg["reference"]  # the control's fingerprint stays as it was before the key existed
-        spec = {"cfg": cfg, "version": TASK_VERSION}
+        for key in ("late_from", "late_operand_min", "late_operand_max"):
+            cfg.pop(key)
+        spec = {"cfg": cfg, "version": TASK_VERSION, **self._late_spec()}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
     def warm_start_fingerprint(self) -> str:
@@ -186,13 +229,19 @@ class ChainTask:
         training levels), so recipes that differ only in their RL training set share one cached warm start."""
         c = self.cfg
         spec = {"seed": c.seed, "modulus": c.modulus, "max_steps": c.max_steps, "operand_max": c.operand_max,
-                "heldout_per_level": c.heldout_per_level, "version": TASK_VERSION}
+                "heldout_per_level": c.heldout_per_level, "version": TASK_VERSION, **self._late_spec()}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+    def without_late(self) -> ChainTask:
+        """The same task without its late-only skill (today's task of the same seed and sizes)."""
+        from dataclasses import replace
+
+        return make_chain_task(**{**asdict(replace(self.cfg, late_from=None)), "train_levels": self.cfg.train_levels})
 
     def sample_sft_chain(self, rng: random.Random, steps: int) -> Chain:
         """A fresh instance of ``steps`` steps that is not held out."""
         while True:
-            chain = random_chain(rng, self.cfg.modulus, steps, self.cfg.operand_max)
+            chain = random_chain(rng, self.cfg.modulus, steps, self.cfg.operand_max, self.late)
             if chain.key not in self.heldout_keys:
                 return chain
 
@@ -201,17 +250,18 @@ def make_chain_task(**kwargs) -> ChainTask:
     """Training and held-out problems for every level, generated from ``seed`` (disjoint instances)."""
     cfg = ChainTaskConfig.from_mapping(kwargs)
     rng = random.Random(f"chain-task-{cfg.seed}")
+    late = cfg.late
     heldout, seen = [], set()
     for level in range(1, cfg.max_steps + 1):
         for i in range(cfg.heldout_per_level):
-            chain = random_chain(rng, cfg.modulus, level, cfg.operand_max)
+            chain = random_chain(rng, cfg.modulus, level, cfg.operand_max, late)
             seen.add(chain.key)
             heldout.append(chain.problem(f"chain-heldout-L{level:02d}-{i:03d}", cfg.reference))
     train = []
     for level in cfg.train_levels or range(1, cfg.max_steps + 1):
         i = 0
         while i < cfg.train_per_level:
-            chain = random_chain(rng, cfg.modulus, level, cfg.operand_max)
+            chain = random_chain(rng, cfg.modulus, level, cfg.operand_max, late)
             if chain.key in seen:
                 continue
             train.append(chain.problem(f"chain-train-L{level:02d}-{i:03d}", cfg.reference))
@@ -255,6 +305,13 @@ def step_accuracy(problem: ReasoningProblem, response: str) -> tuple[int, int]:
             correct += 1
         prev = value
     return correct, total
+
+
+def leading_correct_steps(problem: ReasoningProblem, response: str) -> int:
+    """How many of the response's first steps equal the clean reference's (label, operation and result):
+    the response has reached step m + 1 with a correct prefix when this is >= m (RRL's reach rate)."""
+    ref, got = _written_steps(problem.reference_solution), _written_steps(response)
+    return next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
 
 
 def step_prefixes(problem: ReasoningProblem) -> list[str]:

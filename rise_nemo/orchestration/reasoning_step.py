@@ -251,8 +251,14 @@ def group_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exp
 @register_advantage("gae")
 def gae_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exprl.StepScores,
                           batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """PPO: critic values and GAE (add_gae_columns) on the sparse reward of each row."""
-    return add_gae_columns(ctx, batch, scored.rewards[scored.valid])  # token_advantages, values, returns
+    """PPO: critic values and GAE (add_gae_columns) on the sparse reward of each row; ``critic/auc`` where the
+    task knows which prefixes are correct so far (orchestration.critic_ranking)."""
+    out = add_gae_columns(ctx, batch, scored.rewards[scored.valid])  # token_advantages, values, returns
+    if ctx.step_accuracy is not None:
+        from rise_nemo.orchestration.critic_ranking import prefix_value_auc
+
+        out["critic/auc"] = prefix_value_auc(ctx, problems, groups, scored.valid, batch, batch["values"])
+    return out
 
 
 @register_advantage("segment")

@@ -8,13 +8,16 @@ promising states (core.replay). In one step:
                  the problem has no state, it starts from the problem (line 6). The state's tokens are
                  context only (token_mask 0: eq. 3) and GAE starts at the state, bootstrapped from V there.
   after scoring  a replayed rollout that is correct (the scorer's ``solved``: the verifier's 1, or with a
-                 reward model, a score above the reference reply's) removes its state (line 14). Once the critic's value
-                 loss has stabilised (core.replay.ValueStabilisation), every normal rollout pushes
+                 reward model, a score above the reference reply's) removes its state (line 14); a wrong one
+                 counts a failure of its state, dropped after ``rrl.max_failed_replays`` (our rule). Once the
+                 critic's value loss has stabilised (core.replay.ValueStabilisation), every normal rollout pushes
                  argmax_i V(s_i) of its own response (line 8; the values GAE already used, ``batch["values"]``)
                  and, if it is wrong, its problem's canonical solution pushes its argmax-V state (line 9):
                  ONE critic.get_values call per step for all such canonical solutions, nothing generated.
                  ``rrl.state_sources`` picks the sources: [policy, canonical] (RRL), [canonical] (RRL-CS),
-                 [policy] (RRL-PGS).
+                 [policy] (RRL-PGS). ``rrl.state_scorer`` scores the cut points: the critic's V (the
+                 paper), the reference judge's prefix score (``reference``: one judge request per solution,
+                 all its prefixes at once; beyond the paper) or a mix of both.
   after training the step's critic value loss feeds the stabilisation rule.
 
 The buffer and the stabilisation state go into the trainer's checkpoint (``state_dict``), the replay coin
@@ -81,6 +84,20 @@ def make_step_hooks(cfg: Any, method_name: str, n_train_problems: int) -> StepHo
     return get_method(method_name).hooks_type()(cfg, n_train_problems)
 
 
+def reference_prefix_scores(judge: Any, problem: ReasoningProblem, segments: Sequence[str]) -> list[float]:
+    """The reference judge's prefix score of each candidate state of one solution cut into ``segments`` at
+    its cut points (state t keeps segments 1..t, t = 1..T-1), in [0, 1] (core.exprl.normalise_score, smooth):
+    ONE judge request scored in the ``prefix`` view (segments 1..t together, ExpRL's prefix scores).
+    Unknown (None) scores count 0."""
+    from rise_nemo.core.exprl import normalise_score
+    from rise_nemo.judges.reference import ScoreRequest
+
+    (scores,) = judge.score([ScoreRequest(problem, " ".join(segments), tuple(segments))], view="prefix")
+    if scores is None or len(scores) != len(segments):
+        return [0.0] * (len(segments) - 1)
+    return [normalise_score(s) for s in scores[:-1]]
+
+
 @register_hooks("rrl")
 class RRLHooks(StepHooks):
     check_data = staticmethod(check_granularity)  # before any model is built (orchestration.run)
@@ -93,7 +110,15 @@ class RRLHooks(StepHooks):
             1, math.ceil(n_train_problems / per_step))
         self.sources = tuple(str(s) for s in r.state_sources)
         self.granularity, self.marker = str(r.granularity), str(r.step_marker)
-        self.buffer = ReplayBuffer(capacity=int(r.capacity))
+        self.buffer = ReplayBuffer(capacity=int(r.capacity), max_failures=None if r.max_failed_replays is None
+                                   else int(r.max_failed_replays))
+        self.scorer, self.reference_weight = str(r.state_scorer), float(r.reference_weight)
+        self.judge = None
+        if self.scorer != "value":  # ExpRL's reference judge from the ``judge:`` block (default: the rule judge)
+            from rise_nemo.judges.reference import build_reference_judge
+
+            judge_cfg = getattr(cfg, "judge", None)
+            self.judge = build_reference_judge(judge_cfg if judge_cfg and judge_cfg.get("type") else {"type": "rule"})
         s = r.stabilise
         self.stabilisation = ValueStabilisation(window=int(s.window), tolerance=float(s.tolerance),
                                                 max_steps=int(s.max_steps), ema=float(s.ema))
@@ -133,9 +158,11 @@ class RRLHooks(StepHooks):
             tally[replayed][1] += 1
             if replayed and correct:
                 self.buffer.remove(problem.prompt_id, self._replayed[i, j])
-            elif not replayed and stable:
+            elif replayed:
+                self.buffer.record_failure(problem.prompt_id, self._replayed[i, j])
+            elif stable:
                 if SOURCE_POLICY in self.sources:
-                    self._push_best(ctx, problem.prompt_id, rollout.response_token_ids, batch["values"][row],
+                    self._push_best(ctx, problem, rollout.response_token_ids, batch["values"][row],
                                     int(batch["input_lengths"][row]) - len(rollout.response_token_ids),
                                     SOURCE_POLICY)
                 if not correct and SOURCE_CANONICAL in self.sources and i not in canonical_needed:
@@ -149,21 +176,33 @@ class RRLHooks(StepHooks):
             "rrl/solve_rate_replayed": tally[True][0] / tally[True][1] if tally[True][1] else None,
             "rrl/solve_rate_scratch": tally[False][0] / tally[False][1] if tally[False][1] else None,
             "rrl/canonical_scored": len(canonical_needed),
-            **{f"rrl/states_{k}": self.buffer.stats[k] - before[k] for k in ("added", "removed", "evicted")},
+            **{f"rrl/states_{k}": self.buffer.stats[k] - before[k] for k in ("added", "removed", "evicted", "dropped")},
             "rrl/buffer_size": len(self.buffer),
             "rrl/buffer_problems": len(self.buffer.states),
+            **({} if self.judge is None else {"rrl/judge_calls": int(getattr(self.judge, "calls", 0))}),
         }
 
-    def _push_best(self, ctx: ReasoningContext, problem_id: str, response_ids: Sequence[int], values_row: torch.Tensor,
-                   prompt_len: int, source: str) -> None:
-        """buffer <- argmax V over the allowed cut points of one solution (values_row aligned with input_ids)."""
+    def _push_best(self, ctx: ReasoningContext, problem: ReasoningProblem, response_ids: Sequence[int],
+                   values_row: torch.Tensor, prompt_len: int, source: str) -> None:
+        """buffer <- argmax score over the allowed cut points of one solution (values_row aligned with input_ids;
+        the score is V, the reference judge's prefix score, or their mix: ``rrl.state_scorer``)."""
         ids = list(response_ids)
         n = self._text_length(ctx, ids)
-        texts = self._token_texts(ctx, ids[:n]) if self.granularity != "token" else [""] * n
-        k = candidate_state(values_row[prompt_len : prompt_len + n], state_boundaries(texts, self.granularity,
-                                                                                   self.marker))
+        texts = self._token_texts(ctx, ids[:n]) if self.granularity != "token" or self.judge else [""] * n
+        cuts = state_boundaries(texts, self.granularity, self.marker)
+        scores = values_row[prompt_len : prompt_len + n].float()
+        if self.judge is not None and cuts:
+            tok = find_tokenizer(ctx.generator)
+            bounds = [0, *cuts, n]
+            segments = [tok.decode(ids[a:b], skip_special_tokens=True) for a, b in zip(bounds, bounds[1:])]
+            ref = reference_prefix_scores(self.judge, problem, segments)
+            w = 1.0 if self.scorer == "reference" else self.reference_weight
+            scores = scores.clone()
+            for k, r in zip(cuts, ref):
+                scores[k] = w * r + (1 - w) * float(scores[k])
+        k = candidate_state(scores, cuts)
         if k is not None:
-            self.buffer.add(problem_id, ids[:k], source)
+            self.buffer.add(problem.prompt_id, ids[:k], source)
 
     def _push_canonical(self, ctx: ReasoningContext, items: list[tuple[ReasoningProblem, list[int]]]) -> None:
         """Line 9: the canonical solutions teacher-forced through the critic in one get_values call."""
@@ -176,7 +215,7 @@ class RRLHooks(StepHooks):
         batch = build_batch(samples, ctx.pad_id)
         values = ctx.critic.get_values(batch)  # [B, T], V(input_ids[:, :t])
         for row, ((problem, prompt_ids), sample) in enumerate(zip(items, samples)):
-            self._push_best(ctx, problem.prompt_id, sample.response_ids, values[row], len(prompt_ids), SOURCE_CANONICAL)
+            self._push_best(ctx, problem, sample.response_ids, values[row], len(prompt_ids), SOURCE_CANONICAL)
 
     @staticmethod
     def _text_length(ctx: ReasoningContext, ids: list[int]) -> int:

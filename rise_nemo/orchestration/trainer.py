@@ -105,6 +105,7 @@ class Trainer:
         self.method = get_method(str(cfg.method))
         self.critic, self.verifier, self.step_accuracy = critic, verifier, step_accuracy
         self.reward_model = reward_model
+        self._train_prompts = list(train_prompts)
         # The method's registered training step builds its context (rise_nemo.methods.StepState): the step's
         # inputs and the method's own checkpointed state (RISE's schedule and gate, RRL's replay buffer).
         self._step_kind = self.method.training_step()
@@ -138,6 +139,7 @@ class Trainer:
             for key, old, new in self.config_changes:
                 log.info("config change from step %d: %s: %r -> %r", self.step + 1, key, old, new)
             self._open_sinks()
+            self._pretrain_critic()
             with StopFlag() as stop, self._progress() as bar:
                 # A stop that makes a needed server fail (StopInterrupted, rise_nemo/stopping.py) ends the
                 # loop at once; the checkpoint then holds the state from before the interrupted work.
@@ -299,6 +301,20 @@ class Trainer:
         os.replace(tmp, out)
         for sink in self._sinks:
             sink.log({f"eval/{k}": v for k, v in result.items() if isinstance(v, int | float)}, step)
+
+    def _pretrain_critic(self) -> None:
+        """``ppo.critic_pretrain_updates`` > 0 on a fresh run (step 0): fit the critic to the warm start's
+        rollouts before step 1 (orchestration.critic_ranking); the result goes to critic_pretrain.json and
+        the log. A resumed run's critic comes from its checkpoint, so nothing happens then."""
+        if self.critic is None or self.step != 0 or int(self.cfg.ppo.critic_pretrain_updates) == 0:
+            return
+        from rise_nemo.orchestration.critic_ranking import pretrain_critic
+
+        out = pretrain_critic(self.ctx, self._train_prompts, int(self.cfg.run.seed))
+        (self.run_dir / "critic_pretrain.json").write_text(json.dumps(out, indent=1))
+        log.info("critic pre-training: %d updates on %d warm-start rollouts, held-out prefix AUC %s -> %s (%.0f s)",
+                 int(self.cfg.ppo.critic_pretrain_updates), out["critic_pretrain/rollouts"],
+                 out["critic_pretrain/auc_before"], out["critic_pretrain/auc_after"], out["critic_pretrain/seconds"])
 
     def _log_metrics(self, metrics: dict[str, Any], bar: Any) -> None:
         metrics.update(judge_counters(self.judge))

@@ -47,6 +47,14 @@ class ReasoningWarmStartConfig:
     noise: float = 0.25  # probability that a noisy-phase target's intermediate result is replaced by a wrong value
     noise_offset: int | None = None  # the wrong value: None = uniform over the other residues, d = right value + d
     seed: int = 0
+    # the late-only skill's steps (data.task.late_from; docs/DESIGN.md §9) in the noisy phase: their own error
+    # rate and wrong-value mode (null = noise / noise_offset), so the late skill is a separate thing to learn
+    late_noise: float | None = None
+    late_noise_offset: int | None = None
+    # true: the clean phase trains on the task WITHOUT its late skill (the same seed, modulus, lengths and
+    # operands, so it shares today's task's cached clean phase), and the late skill is first met in the noisy
+    # phase, with its own noise: a less practised skill, and one cached clean phase for both tasks
+    clean_without_late: bool = False
 
     @classmethod
     def from_mapping(cls, cfg: Mapping | None) -> ReasoningWarmStartConfig:
@@ -57,17 +65,20 @@ class ReasoningWarmStartConfig:
                 raise ReasoningTaskError(f"data.warm_start.{key}: unknown key for the reasoning task; known keys: "
                                          f"{sorted(known)}")
         out = cls(**raw)
-        if not 0.0 <= out.noise < 1.0:
-            raise ReasoningTaskError(f"data.warm_start.noise: expected a probability in [0, 1), got {out.noise!r}")
+        for key in ("noise", "late_noise"):
+            value = getattr(out, key)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ReasoningTaskError(f"data.warm_start.{key}: expected a probability in [0, 1), got {value!r}")
         for key in ("lr", "noise_lr"):
             if not float(getattr(out, key)) > 0.0:
                 raise ReasoningTaskError(f"data.warm_start.{key}: expected a learning rate > 0, got {getattr(out, key)!r}")
         for key, low in (("steps", 0), ("noise_steps", 0), ("batch_size", 1)):
             if int(getattr(out, key)) < low:
                 raise ReasoningTaskError(f"data.warm_start.{key}: expected an integer >= {low}, got {getattr(out, key)!r}")
-        if out.noise_offset is not None and int(out.noise_offset) < 1:
-            raise ReasoningTaskError(f"data.warm_start.noise_offset: expected null or an integer >= 1, got "
-                                     f"{out.noise_offset!r}")
+        for key in ("noise_offset", "late_noise_offset"):
+            if getattr(out, key) is not None and int(getattr(out, key)) < 1:
+                raise ReasoningTaskError(f"data.warm_start.{key}: expected null or an integer >= 1, got "
+                                         f"{getattr(out, key)!r}")
         if out.steps + out.noise_steps < 1:
             raise ReasoningTaskError("data.warm_start.steps: steps + noise_steps must be >= 1")
         return out
@@ -76,21 +87,42 @@ class ReasoningWarmStartConfig:
         """What the clean phase depends on (its cache key)."""
         return {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr, "seed": self.seed}
 
+    def cache_spec(self) -> dict:
+        """What the whole warm start depends on (its cache key); the late keys only when set, so warm starts
+        of today's task keep their cache entries."""
+        spec = asdict(self)
+        for key in ("late_noise", "late_noise_offset"):
+            if spec[key] is None:
+                del spec[key]
+        if not spec["clean_without_late"]:
+            del spec["clean_without_late"]
+        return spec
+
+    def late_noise_spec(self, late_from: int | None) -> tuple[int, float, int | None] | None:
+        """(late_from, noise, offset) of the late steps for ``noisy_solution``; None when nothing differs."""
+        if late_from is None or (self.late_noise is None and self.late_noise_offset is None):
+            return None
+        return (int(late_from), self.noise if self.late_noise is None else float(self.late_noise),
+                self.noise_offset if self.late_noise_offset is None else int(self.late_noise_offset))
+
     def phases(self) -> list[tuple[str, int, float, float]]:
         """[(name, steps, peak lr, noise)] of the phases that have steps."""
         out = [("clean", self.steps, self.lr, 0.0), ("noisy", self.noise_steps, self.noise_lr, self.noise)]
         return [p for p in out if p[1] > 0]
 
 
-def noisy_solution(chain: Chain, noise: float, rng: random.Random, offset: int | None = None) -> str:
+def noisy_solution(chain: Chain, noise: float, rng: random.Random, offset: int | None = None,
+                   late: tuple[int, float, int | None] | None = None) -> str:
     """The solution with each intermediate result replaced by a wrong value with probability ``noise``;
     later steps continue from the value written, so every other step stays locally correct. The wrong
-    value is uniform over the other residues (``offset`` None) or the right one + ``offset`` (mod M)."""
+    value is uniform over the other residues (``offset`` None) or the right one + ``offset`` (mod M).
+    ``late`` = (late_from, noise, offset) overrides both for steps late_from.. (1-based)."""
     written, v = [], chain.start
-    for op, k in chain.ops:
+    for i, (op, k) in enumerate(chain.ops):
+        p, d = (late[1], late[2]) if late is not None and i + 1 >= late[0] else (noise, offset)
         v = (v + OPS[op] * k) % chain.modulus
-        if rng.random() < noise:
-            v = (v + (rng.randrange(1, chain.modulus) if offset is None else offset)) % chain.modulus
+        if rng.random() < p:
+            v = (v + (rng.randrange(1, chain.modulus) if d is None else d)) % chain.modulus
         written.append(v)
     return chain.solution_text(written)
 
@@ -105,12 +137,14 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
     (``policy.engine``, ``generator.encode_response``).
     """
     wcfg = cfg if isinstance(cfg, ReasoningWarmStartConfig) else ReasoningWarmStartConfig.from_mapping(cfg)
-    if wcfg.noise_offset is not None and wcfg.noise_offset % task.cfg.modulus == 0:
-        raise ReasoningTaskError(f"data.warm_start.noise_offset: {wcfg.noise_offset} is a multiple of the modulus "
-                                 f"{task.cfg.modulus}, so the 'wrong' value would be the right one")
+    for key in ("noise_offset", "late_noise_offset"):
+        offset = getattr(wcfg, key)
+        if offset is not None and offset % task.cfg.modulus == 0:
+            raise ReasoningTaskError(f"data.warm_start.{key}: {offset} is a multiple of the modulus "
+                                     f"{task.cfg.modulus}, so the 'wrong' value would be the right one")
     base = {"task": task.warm_start_fingerprint(), "model": policy.engine.fingerprint()}
     root = Path(cache_dir) if cache_dir is not None else None
-    cache = root / f"reasoning_{_digest({**base, 'warm_start': asdict(wcfg)})}" if root is not None else None
+    cache = root / f"reasoning_{_digest({**base, 'warm_start': wcfg.cache_spec()})}" if root is not None else None
     with cache_lock(cache):  # two commands started together build the entry once
         return _warm_start_reasoning(policy, generator, task, wcfg, base, root, cache, progress)
 
@@ -126,8 +160,12 @@ def _warm_start_reasoning(policy, generator, task: ChainTask, wcfg: ReasoningWar
     stats = {"steps": wcfg.steps, "noise_steps": wcfg.noise_steps, "clean_loss": float("nan"),
              "final_loss": float("nan"), "train_seconds": 0.0, "cached": False, "clean_cached": False}
     for name, steps, lr, noise in wcfg.phases():
+        phase_task = task
+        if name == "clean" and wcfg.clean_without_late and task.late is not None:
+            phase_task = task.without_late()
         # the clean phase has its own cache entry, shared by warm starts that differ only in the noisy phase
-        phase_cache = (root / f"reasoning_clean_{_digest({**base, 'clean': wcfg.clean_spec()})}"
+        phase_base = {**base, "task": phase_task.warm_start_fingerprint()}
+        phase_cache = (root / f"reasoning_clean_{_digest({**phase_base, 'clean': wcfg.clean_spec()})}"
                        if root is not None and name == "clean" else None)
         with cache_lock(phase_cache):  # shared by other warm starts: locked on its own, inside the outer lock
             if phase_cache is not None and (phase_cache / "stats.json").exists():
@@ -136,8 +174,8 @@ def _warm_start_reasoning(policy, generator, task: ChainTask, wcfg: ReasoningWar
                 stats["clean_cached"] = True
             else:
                 rng = random.Random(f"chain-warm-{wcfg.seed}" + ("" if name == "clean" else f"-{name}"))
-                phase = _sft_phase(policy, generator, task, rng, name, steps, wcfg.batch_size, lr, noise,
-                                   wcfg.noise_offset, progress)
+                phase = _sft_phase(policy, generator, phase_task, rng, name, steps, wcfg.batch_size, lr, noise,
+                                   wcfg.noise_offset, progress, wcfg.late_noise_spec(task.cfg.late_from) if noise else None)
                 if phase_cache is not None:
                     save_weights(policy, phase_cache, {**phase, "cache_path": ""})
         stats["train_seconds"] += phase["train_seconds"]
@@ -154,7 +192,8 @@ def _warm_start_reasoning(policy, generator, task: ChainTask, wcfg: ReasoningWar
 
 
 def _sft_phase(policy, generator, task: ChainTask, rng: random.Random, name: str, steps: int, batch_size: int,
-               lr: float, noise: float, offset: int | None, progress: bool) -> dict:
+               lr: float, noise: float, offset: int | None, progress: bool,
+               late: tuple[int, float, int | None] | None = None) -> dict:
     """``steps`` SFT steps (tasks.sft.sft_phase: fresh optimiser, lr decaying linearly from ``lr`` to 10%) on
     fresh non-held-out instances of every length whose targets carry ``noise``."""
     from rise_nemo.tasks.sft import Example, sft_phase
@@ -164,7 +203,7 @@ def _sft_phase(policy, generator, task: ChainTask, rng: random.Random, name: str
         for _ in range(batch_size):
             chain = task.sample_sft_chain(rng, rng.randint(1, task.cfg.max_steps))
             messages = [{"role": "user", "content": chain.prompt_text()}]
-            out.append(Example(messages, noisy_solution(chain, noise, rng, offset)))
+            out.append(Example(messages, noisy_solution(chain, noise, rng, offset, late)))
         return out
 
     loss, seconds = sft_phase(policy, generator, steps, lr, examples, f"warm start (reasoning, {name})", progress)

@@ -88,3 +88,22 @@ def test_win_tie_lose_with_swapped_positions():
         win_tie_lose([1, 1], [1])
     with pytest.raises(ValueError, match="-1, 0 or 1"):
         win_tie_lose([2], [1])
+
+
+def test_ranking_auc_is_the_pairwise_win_rate_with_ties_half():
+    import random
+
+    from rise_nemo.core.metrics import ranking_auc
+
+    rng = random.Random(0)
+    for _ in range(20):
+        scores = [rng.choice([0.0, 0.25, 0.5, 1.0]) for _ in range(30)]
+        labels = [rng.random() < 0.4 for _ in range(30)]
+        pos = [s for s, y in zip(scores, labels) if y]
+        neg = [s for s, y in zip(scores, labels) if not y]
+        brute = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))
+        assert ranking_auc(scores, labels) == pytest.approx(brute)
+    assert ranking_auc([1, 2, 3], [False, True, True]) == 1.0 and ranking_auc([3, 2, 1], [False, True, True]) == 0.0
+    assert ranking_auc([5, 5], [True, False]) == 0.5 and ranking_auc([1, 2], [True, True]) is None
+    with pytest.raises(ValueError):
+        ranking_auc([1], [True, False])

@@ -31,7 +31,7 @@ def test_capacity_and_eviction_of_the_most_explored_state():
     top = next(s.tokens for s in buf.get("q") if s.counter == 2)
     assert buf.add("q", [4])  # full: the highest counter goes
     assert [s.tokens for s in buf.get("q")] == [t for t in [(1,), (2,), (3,)] if t != top] + [(4,)]
-    assert buf.stats == {"added": 4, "removed": 0, "evicted": 1, "duplicate": 0}
+    assert buf.stats == {"added": 4, "removed": 0, "evicted": 1, "duplicate": 0, "dropped": 0}
     assert len(buf.get("q")) == 3 and buf.get("other") == []
 
 
@@ -137,3 +137,32 @@ def test_perplexity_variance_per_query():
     # query 0: perplexities 2 and 4 -> variance 1; query 1: one row with tokens (the other has none) -> left out
     assert perplexity_variance(lp, mask, [0, 0, 1, 1]) == pytest.approx(1.0)
     assert perplexity_variance(lp, mask, [0, 1, 2, 3]) is None
+
+
+def test_a_state_whose_replays_keep_failing_is_dropped():
+    buf = ReplayBuffer(capacity=5, max_failures=3)
+    buf.add("a", [1], "policy")
+    buf.add("a", [2], "canonical")
+    assert not buf.record_failure("a", [1]) and not buf.record_failure("a", [1])
+    assert buf.get("a")[0].failures == 2 and buf.get("a")[1].failures == 0
+    assert buf.record_failure("a", [1])  # the third wrong completion in a row drops it
+    assert [s.tokens for s in buf.get("a")] == [(2,)] and buf.stats["dropped"] == 1 and buf.stats["removed"] == 0
+    assert not buf.record_failure("a", [1])  # no longer buffered: nothing happens
+    never = ReplayBuffer(capacity=5)  # max_failures None: the paper's buffer, a state is never dropped
+    never.add("a", [1])
+    assert not any(never.record_failure("a", [1]) for _ in range(50)) and len(never) == 1
+    with pytest.raises(ValueError, match="max_failures"):
+        ReplayBuffer(capacity=5, max_failures=0)
+
+
+def test_failure_counts_survive_a_checkpoint_and_old_checkpoints_load():
+    buf = ReplayBuffer(capacity=5, max_failures=2)
+    buf.add("a", [1])
+    buf.record_failure("a", [1])
+    other = ReplayBuffer(capacity=5, max_failures=2)
+    other.load_state_dict(json.loads(json.dumps(buf.state_dict())))
+    assert other.get("a")[0].failures == 1 and other.record_failure("a", [1])  # one more failure drops it
+    old = {"capacity": 5, "stats": {"added": 1, "removed": 0, "evicted": 0, "duplicate": 0},
+           "states": {"a": [[[1, 2], 3, "policy"]]}}  # written before the failure count existed
+    other.load_state_dict(old)
+    assert other.get("a")[0].failures == 0 and other.get("a")[0].counter == 3 and other.stats["dropped"] == 0

@@ -127,7 +127,8 @@ class AlwaysWrong:
 
 @pytest.mark.parametrize("verifier,removed", [(AlwaysRight(), True), (AlwaysWrong(), False)])
 def test_a_correct_replayed_completion_removes_its_state(tmp_path, verifier, removed):
-    trainer = build_trainer(_cfg(tmp_path / "run", 1, "rrl", state_sources=["canonical"]))
+    # the paper's buffer (no drop rule): a wrong completion only counts; the drop rule: test_rrl_premise.py
+    trainer = build_trainer(_cfg(tmp_path / "run", 1, "rrl", state_sources=["canonical"], max_failed_replays=None))
     ctx = trainer.ctx
     ctx.verifier = verifier
     hooks = ctx.hooks

@@ -152,3 +152,80 @@ def test_warm_start_caches_the_clean_phase_for_every_noisy_phase(tmp_path):
     assert not all(torch.equal(w_a[k], w_b[k]) for k in w_a)  # on its own noise
     with pytest.raises(ReasoningTaskError, match="data.warm_start.noise_offset"):
         run(noise_steps=1, noise_offset=61)  # the task's modulus
+
+
+# ---- the late-only skill (RRL's premise task, issue 24) -------------------------------------------------
+
+
+def test_todays_task_is_unchanged_for_existing_seeds():
+    # fingerprints and instances of the default task as they were before the late-only skill existed
+    task = make_chain_task(seed=0, train_levels=[6, 7, 8, 9, 10], train_per_level=8)
+    assert (task.fingerprint(), task.warm_start_fingerprint()) == ("0a145096827a2188", "fe034880828ad4c2")
+    assert task.train[0].messages[0]["content"] == "mod 61 start 30 a add 3 b sub 3 c sub 3 d sub 1 e sub 1 f sub 3"
+    assert task.late is None
+    wcfg = ReasoningWarmStartConfig.from_mapping({"noise": 0.35, "noise_offset": 18})
+    assert "late_noise" not in wcfg.cache_spec() and wcfg.late_noise_spec(8) is None  # warm-start cache keys kept
+
+
+def test_late_operands_appear_only_in_the_last_steps_of_long_chains():
+    task = make_chain_task(seed=1, max_steps=10, train_per_level=6, heldout_per_level=4, late_from=8,
+                           late_operand_min=6, late_operand_max=12)
+    assert task.late == (8, 6, 12)
+    for p in task.train + task.heldout:
+        for i, (_, k) in enumerate(problem_chain(p).ops):
+            assert (6 <= k <= 12) if i + 1 >= 8 else (1 <= k <= 5), (p.prompt_id, i, k)
+    assert any(problem_chain(p).ops[-1][1] > 5 for p in task.train if p.difficulty == 10)
+    rng = random.Random(0)
+    assert all(task.sample_sft_chain(rng, 9).ops[8][1] >= 6 for _ in range(50))
+    plain = make_chain_task(seed=1, max_steps=10, train_per_level=6, heldout_per_level=4)
+    assert plain.warm_start_fingerprint() != task.warm_start_fingerprint() and plain.fingerprint() != task.fingerprint()
+    assert all(RuleArithmeticVerifier().verify([p], [p.reference_solution]) == [True] for p in task.heldout)
+
+
+@pytest.mark.parametrize("kwargs,key", [
+    ({"late_from": 1}, "late_from"), ({"late_from": 11}, "late_from"),
+    ({"late_from": 8, "late_operand_min": 5}, "late_operand_min"),
+    ({"late_from": 8, "late_operand_max": 61}, "late_operand_max"),
+])
+def test_late_skill_keys_are_checked(kwargs, key):
+    with pytest.raises(ReasoningTaskError, match=key):
+        make_chain_task(**kwargs)
+
+
+def test_warm_start_noise_of_the_late_steps_has_its_own_rate_and_mode():
+    from rise_nemo.data.chain_task import Chain
+
+    chain = Chain(61, 10, (("add", 1),) * 7 + (("add", 6),) * 3)
+    clean = chain.values()
+    # late steps (8..10) always wrong by +7, early steps never wrong
+    text = noisy_solution(chain, 0.0, random.Random(0), 18, late=(8, 0.999999, 7))
+    written = [int(v) for v in text.split(" = ")[1:] for v in [v.split()[0]]]
+    assert written[:7] == clean[:7]
+    assert [(w - (prev + 6)) % 61 for w, prev in zip(written[7:], written[6:9])] == [7, 7, 7]
+    wcfg = ReasoningWarmStartConfig.from_mapping({"noise": 0.35, "noise_offset": 18, "late_noise": 0.5,
+                                                  "late_noise_offset": 7})
+    assert wcfg.late_noise_spec(8) == (8, 0.5, 7) and wcfg.late_noise_spec(None) is None
+    assert wcfg.cache_spec()["late_noise_offset"] == 7
+    with pytest.raises(ReasoningTaskError, match="late_noise"):
+        ReasoningWarmStartConfig.from_mapping({"late_noise": 1.5})
+
+
+def test_leading_correct_steps_counts_the_reference_prefix():
+    from rise_nemo.data.chain_task import leading_correct_steps
+
+    p = make_chain_task(max_steps=4, train_per_level=1, heldout_per_level=1).train[-1]
+    assert leading_correct_steps(p, p.reference_solution) == 4
+    assert [leading_correct_steps(p, s) for s in step_prefixes(p)] == [0, 1, 2, 3]
+    wrong = step_prefixes(p)[2] + " step c add 1 = 999"
+    assert leading_correct_steps(p, wrong) == 2
+
+
+def test_without_late_is_todays_task_so_the_clean_phase_cache_is_shared():
+    late = make_chain_task(seed=0, train_levels=[6, 7, 8, 9, 10], train_per_level=8, late_from=8)
+    base = late.without_late()
+    assert base.late is None and base.warm_start_fingerprint() == "fe034880828ad4c2"  # today's (above)
+    assert [p.messages for p in base.heldout] == [p.messages for p in make_chain_task(
+        seed=0, train_levels=[6, 7, 8, 9, 10], train_per_level=8).heldout]
+    wcfg = ReasoningWarmStartConfig.from_mapping({"clean_without_late": True})
+    assert wcfg.cache_spec()["clean_without_late"] is True
+    assert "clean_without_late" not in ReasoningWarmStartConfig.from_mapping({}).cache_spec()

@@ -1,0 +1,148 @@
+"""Whether the critic can rank states, and critic pre-training on the warm start's rollouts (issue 24;
+docs/DESIGN.md §9).
+
+``prefix_value_auc``: where the task knows the truth of a partial solution (its step-accuracy checker: a
+prefix is "correct so far" when every step it writes is right), the AUC (core.metrics.ranking_auc) of the
+critic's value V(q; y_1..y_k) at the step cut points k (core.replay.state_boundaries) separating correct-so-far
+prefixes from already-wrong ones. RRL's argmax-V state selection is only as good as this ranking (0.5 =
+arbitrary cut points). Logged every step as ``critic/auc`` (metrics.jsonl) when the step has both kinds.
+
+``pretrain_critic`` (``ppo.critic_pretrain_*``): before RL, sample ``critic_pretrain_rollouts`` completions
+per training problem from the warm-started policy, score them with the verifier (0/1), and fit the critic
+to the Monte-Carlo returns (gamma = ``ppo.gae_gamma``; with a sparse terminal reward every token's target is
+the rollout's reward) for ``critic_pretrain_updates`` AdamW steps at ``critic_pretrain_lr`` on minibatches of
+``critic_pretrain_batch`` rollouts drawn from a fresh seeded permutation each pass (shuffled: minibatches
+sorted by level collapsed the critic to a constant). No value clipping (there is no old critic to stay near).
+A fifth of the problems is held out of the fit; the AUC on their rollouts before and after is reported.
+verl's ``ppo.critic_warmup_steps`` is a different thing (on-policy, one update per step at ``critic_lr``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rise_nemo.core.metrics import ranking_auc
+from rise_nemo.core.replay import state_boundaries
+from rise_nemo.core.value import make_value_loss, monte_carlo_returns, terminal_token_rewards
+from rise_nemo.interfaces import KIND_NATURAL
+from rise_nemo.orchestration.step import STREAM_NATURAL, TrainSample, build_batch, sampling_params
+from rise_nemo.orchestration.tokens import find_tokenizer
+
+STREAM_CRITIC_PRETRAIN = 7  # the pre-training rollouts' sampling stream (never a training step's)
+
+
+def prefix_value_auc(ctx: Any, problems: Sequence[Any], groups: Sequence[Sequence[Any]], valid: torch.Tensor,
+                     batch: dict[str, torch.Tensor], values: torch.Tensor) -> float | None:
+    """``critic/auc`` (module docstring) over the step cut points of every valid rollout's sampled part;
+    batch row b = the b-th valid rollout. None without a step-accuracy checker or when one class is empty."""
+    scores, labels = prefix_scores_and_labels(ctx, problems, groups, valid, batch, values)
+    return ranking_auc(scores, labels) if scores else None
+
+
+def prefix_scores_and_labels(ctx: Any, problems, groups, valid, batch, values) -> tuple[list[float], list[bool]]:
+    check = getattr(ctx, "step_accuracy", None)
+    if check is None:
+        return [], []
+    tok = find_tokenizer(ctx.generator)
+    marker = str(ctx.cfg.rrl.step_marker)
+    scores, labels, row = [], [], 0
+    for i, group in enumerate(groups):
+        for j, rollout in enumerate(group):
+            if not bool(valid[i, j]):
+                continue
+            ids = list(rollout.response_token_ids)
+            texts = list(tok.batch_decode([[t] for t in ids], skip_special_tokens=True)) if ids else []
+            prompt_len = int(batch["input_lengths"][row]) - len(ids)
+            for k in state_boundaries(texts, "step", marker):
+                if k <= rollout.given_token_count:
+                    continue  # a replayed state's own cut points are not this rollout's states
+                correct, total = check(problems[i], tok.decode(ids[:k], skip_special_tokens=True))
+                scores.append(float(values[row, prompt_len + k]))
+                labels.append(0 < total == correct)  # a prefix without a readable step is not correct so far
+            row += 1
+    return scores, labels
+
+
+def pretrain_critic(ctx: Any, problems: Sequence[Any], seed: int, progress: bool = False) -> dict[str, Any]:
+    """``ppo.critic_pretrain_*`` (module docstring) on ``ctx.critic``; returns metrics
+    (critic_pretrain/auc_before, auc_after on the held-out fifth, value_loss, rollouts, seconds)."""
+    import time
+
+    from rise_nemo.orchestration.reasoning_step import verify_rewards
+
+    p = ctx.cfg.ppo
+    updates, lr = int(p.critic_pretrain_updates), float(p.critic_pretrain_lr)
+    size, per_problem = int(p.critic_pretrain_batch), int(p.critic_pretrain_rollouts)
+    optimizer = getattr(ctx.critic, "optimizer", None)
+    if optimizer is None:
+        raise ValueError("config key 'ppo.critic_pretrain_updates': critic pre-training needs the local backend's "
+                         "critic (an optimizer to set critic_pretrain_lr on)")
+    t0 = time.perf_counter()
+    rng = random.Random(f"critic-pretrain-{seed}")
+    order = list(range(len(problems)))
+    rng.shuffle(order)
+    n_hold = max(1, len(problems) // 5) if len(problems) >= 2 else 0
+    held, fit = [problems[i] for i in order[:n_hold]], [problems[i] for i in order[n_hold:]]
+    params = sampling_params(ctx.cfg, 0, STREAM_NATURAL + STREAM_CRITIC_PRETRAIN)
+
+    def rollouts(probs):
+        groups = ctx.generator.generate([list(q.messages) for q in probs], per_problem, params)
+        rewards, valid = verify_rewards(ctx.verifier, probs, groups)
+        samples = [TrainSample(list(r.prompt_token_ids), list(r.response_token_ids), KIND_NATURAL, 0.0, [],
+                               sampled_under_train_prompt=True)
+                   for i, g in enumerate(groups) for j, r in enumerate(g) if bool(valid[i, j])]
+        batch = build_batch(samples, ctx.pad_id)
+        batch["returns"] = monte_carlo_returns(terminal_token_rewards(rewards[valid], batch["token_mask"]),
+                                               batch["token_mask"], float(p.gae_gamma))
+        return groups, valid, batch
+
+    fit_groups, _, fit_batch = rollouts(fit)
+    held_groups, held_valid, held_batch = (rollouts(held) if held else (None, None, None))
+
+    def held_auc():
+        if not held:
+            return None
+        return prefix_value_auc(ctx, held, held_groups, held_valid, held_batch, ctx.critic.get_values(held_batch))
+
+    before = held_auc()
+    value_loss = make_value_loss(None)
+    saved = [g["lr"] for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    rows, perm, losses = fit_batch["input_ids"].shape[0], [], []
+    try:
+        for u in range(updates):
+            take = []
+            while len(take) < min(size, rows):
+                if not perm:
+                    perm = list(range(rows))
+                    rng.shuffle(perm)
+                take.append(perm.pop())
+            mb = _rows(fit_batch, take)
+            losses.append(float(ctx.critic.train(mb, value_loss).get("critic/value_loss", float("nan"))))
+            if progress and (u + 1) % max(1, updates // 10) == 0:
+                print(f"critic pre-training {u + 1}/{updates}: value loss {losses[-1]:.4f}", flush=True)
+    finally:
+        for g, old in zip(optimizer.param_groups, saved):
+            g["lr"] = old
+    return {"critic_pretrain/auc_before": before, "critic_pretrain/auc_after": held_auc(),
+            "critic_pretrain/value_loss_first": losses[0] if losses else None,
+            "critic_pretrain/value_loss_last": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
+            "critic_pretrain/rollouts": rows, "critic_pretrain/reward_mean":
+                float(fit_batch["returns"].amax(dim=1).mean()),
+            "critic_pretrain/seconds": time.perf_counter() - t0}
+
+
+def _rows(batch: dict[str, torch.Tensor], rows: list[int]) -> dict[str, torch.Tensor]:
+    """The minibatch of ``rows`` with the value-loss columns: no clip anchor (zeros), the minibatch's own
+    masked-token count as the normaliser."""
+    idx = torch.tensor(rows, dtype=torch.long)
+    out = {k: v[idx] for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() >= 1
+           and v.shape[0] == batch["input_ids"].shape[0]}
+    out["values"] = torch.zeros_like(out["returns"])
+    out["value_token_count"] = torch.full((len(rows),), float(out["token_mask"].sum()))
+    return out
