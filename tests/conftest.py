@@ -25,16 +25,26 @@ def healthbench_path() -> Path:
     return healthbench_sample_path()
 
 
-@pytest.fixture(scope="session")
+_STARTED_RAY: list[bool] = []  # whether this session started the Ray the tests share
+
+
+@pytest.fixture
 def ray_session():
-    """One small loopback Ray cluster for the whole test session (reused if another suite started one)."""
+    """One small loopback Ray cluster shared by the session's Ray tests (reused if another suite started one).
+    Checked at every use, not once: an in-process test of the fail-fast exit (tests/nemo/test_fail_fast.py)
+    shuts Ray down on purpose, and a later test would otherwise get a dead cluster."""
     ray = pytest.importorskip("ray")
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before ray.init: stay on 127.0.0.1
-    started = False
     if not ray.is_initialized():
         # address="local": always our own small cluster, never one another process on the machine runs.
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-        started = True
-    yield ray
-    if started:
-        ray.shutdown()
+        _STARTED_RAY.append(True)
+    return ray
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _STARTED_RAY:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
