@@ -19,7 +19,7 @@ Measured on held-out instances (never in the warm start), same sampling seed for
   sft_ratio               ExpRL / sft_grpo pass@1 on the hardest held-out level after Stage II (same steps),
                           worst seed
 
-``--task premise`` (issue 24) gives every arm sketch references (``data.task.reference=sketch``: every
+``--task premise`` gives every arm sketch references (``data.task.reference=sketch``: every
 second step and the last, rise_nemo.data.chain_task.Chain.sketch_text), checkable by the reference judge but
 not imitable step by step; ``--task control`` (default) keeps the full step-by-step references. Before
 training the bench prints the premise measurement: the references' per-token NLL under the warm start vs

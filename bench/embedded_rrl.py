@@ -1,4 +1,4 @@
-"""RRL benchmark on the embedded chained-arithmetic task (docs/DESIGN.md §7.5, §9; issue 24).
+"""RRL benchmark on the embedded chained-arithmetic task (docs/DESIGN.md §7.5, §9).
 
 Two tasks (--tasks): ``premise`` = recipes/rrl_chain_late_tiny_cpu.yaml, the chain task with a LATE-ONLY
 SKILL (steps 8.. use operands 6..12 and their own warm-start error mode), where RRL's premise holds; and

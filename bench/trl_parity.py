@@ -1,6 +1,6 @@
 """TRL parity benchmark: our embedded GRPO step (method rubric_rl) side by side with TRL's GRPOTrainer.
 
-Setup (issue 27): the embedded persistent task's warm-started tiny model (built and cached exactly as a local run
+Setup: the embedded persistent task's warm-started tiny model (built and cached exactly as a local run
 builds it, rise_nemo.orchestration.run.build_trainer), 8 prompts x 8 samples, 64 new tokens, temperature 1,
 top-p 1, the same rule-judge reward (TRL gets a reward function wrapping the same judge and eq. 3 reward), no KL,
 the same lr / AdamW settings / grad clip, 1 torch thread each. Equal work: step k of both sides trains on the
@@ -16,7 +16,7 @@ do not count; where the kernel refuses the reset the line says so and ru_maxrss 
 
 Per-stage split: ours from the step's ``time/*`` metrics (natural = generation + judging + advantages,
 train = loss/backward/optimizer, plus a no-grad log-prob forward where the backend needs one: not on
-the local backend since issue 27); TRL from timers around
+the local backend, whose training forward gives pi_old); TRL from timers around
 ``_generate_and_score_completions`` (generation + reward + advantages) with the reward function timed inside;
 the rest of TRL's step is loss + backward + optimizer.
 

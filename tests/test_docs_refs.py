@@ -77,6 +77,19 @@ def test_no_tracked_file_points_outside_the_repository():
     assert not offenders, "\n".join(offenders)
 
 
+# A tracker label ("issue 24") means nothing to a user who cannot see the tracker: cite the paper, section
+# or docs/ page instead.
+TRACKER_LABEL = re.compile(r"\b[Ii]ssue[ -]?#?[0-9]+\b")
+
+
+def test_no_tracker_labels_in_code_or_docs():
+    offenders = [f"{path.relative_to(REPO)}:{lineno}: {line.strip()[:100]}"
+                 for path in tracked_text_files()
+                 for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+                 if TRACKER_LABEL.search(line)]
+    assert not offenders, "\n".join(offenders)
+
+
 README_MAX_LINES = 250
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 DOC_HEADING_CITATION = re.compile(r'docs/([A-Za-z0-9_]+\.md)"?\s+\(?"([^"]+)"')

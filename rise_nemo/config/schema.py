@@ -188,7 +188,7 @@ class PpoCfg:
     # verl's trainer.critic_warmup: during steps 1..K the critic trains on the step's rollouts and the policy is
     # not updated (docs/DESIGN.md §7); 0 = off. Only the step number decides, so a resume is exact.
     critic_warmup_steps: int = 0
-    # Critic pre-training on the WARM START's rollouts, before step 1 of a fresh run (issue 24; docs/DESIGN.md
+    # Critic pre-training on the WARM START's rollouts, before step 1 of a fresh run (docs/DESIGN.md
     # §9): ``critic_pretrain_rollouts`` samples per training problem from the warm-started policy, 0/1
     # returns, ``critic_pretrain_updates`` AdamW steps at ``critic_pretrain_lr`` on shuffled minibatches of
     # ``critic_pretrain_batch`` rollouts (no value clipping); 0 updates = off. Not verl's critic warm-up above

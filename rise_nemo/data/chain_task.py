@@ -66,7 +66,7 @@ class ChainTaskConfig:
     train_per_level: int = 64  # RL training problems per level
     heldout_per_level: int = 16  # held-out evaluation problems per level (never in the warm start)
     train_levels: tuple[int, ...] | None = None  # levels of the RL training set; None = all
-    # The problems' reference solutions (ExpRL's premise, issue 24): ``full`` writes every step (the
+    # The problems' reference solutions (ExpRL's premise): ``full`` writes every step (the
     # control: imitable token by token); ``sketch`` only every second step and the last one
     # (``Chain.sketch_text``): checkable by the reference judge, not imitable step by step.
     reference: str = "full"

@@ -1,5 +1,5 @@
-"""Whether the critic can rank states, and critic pre-training on the warm start's rollouts (issue 24;
-docs/DESIGN.md §9).
+"""Whether the critic can rank states, and critic pre-training on the warm start's rollouts
+(docs/DESIGN.md §9.5).
 
 ``prefix_value_auc``: where the task knows the truth of a partial solution (its step-accuracy checker: a
 prefix is "correct so far" when every step it writes is right), the AUC (core.metrics.ranking_auc) of the

@@ -105,7 +105,7 @@ def load_weights(policy, cache: Path) -> None:
 
 def response_nll(policy, generator, examples: Sequence[Example]) -> float:
     """Per-token negative log-likelihood of the examples' responses under ``policy`` (token mean over all of
-    them, EOS included): e.g. a task's references vs the model's own samples (issue 24, ExpRL's premise)."""
+    them, EOS included): e.g. a task's references vs the model's own samples (ExpRL's premise)."""
     batch = sft_batch(examples, generator)
     with torch.no_grad():
         logprobs = policy.get_logprobs(batch)

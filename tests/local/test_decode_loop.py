@@ -1,4 +1,4 @@
-"""The local generator's decode loop (issue 27 item 2): the same samples, sampling log-probs and RNG use as the
+"""The local generator's decode loop: the same samples, sampling log-probs and RNG use as the
 previous loop (kept below verbatim as the reference) for a fixed seed and for the engine's own RNG, with left
 padding, prefixes, temperature/top-p and greedy decoding, on both mask paths (prepared 4D mask / 2D mask)."""
 
@@ -19,7 +19,7 @@ PROMPTS = [[{"role": "user", "content": "a short one"}],
 
 @torch.no_grad()
 def _previous_decode_batch(self, prompt_ids, params, rng):
-    """The loop before issue 27 (commit 4ee8def), verbatim."""
+    """The loop before the leaner one (commit 4ee8def), verbatim."""
     eng = self.engine
     dev = eng.device
     b, width = len(prompt_ids), max(len(p) for p in prompt_ids)

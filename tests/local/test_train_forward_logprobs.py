@@ -1,4 +1,4 @@
-"""Issue 27 item 2 on the local backend: the old log-probs (the PPO ratio's pi_old) come from the training forward
+"""On the local backend: the old log-probs (the PPO ratio's pi_old) come from the training forward
 (one optimiser step per train call), exact entropy on the response positions only, length-sorted micro-batches."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 24's RRL pieces end to end on the embedded task: a buffered state whose replays keep failing is
+"""RRL's additions beyond Algorithm 1 (docs/DESIGN.md §9.5) end to end on the embedded task: a buffered state whose replays keep failing is
 dropped (rrl.max_failed_replays), candidate states scored by the reference judge's prefix score
 (rrl.state_scorer), the critic's prefix AUC (critic/auc) and critic pre-training on warm-start rollouts
 (ppo.critic_pretrain_*)."""

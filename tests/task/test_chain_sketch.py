@@ -1,4 +1,4 @@
-"""The chain task's sketch references (``data.task.reference=sketch``, ExpRL's premise, issue 24): not
+"""The chain task's sketch references (``data.task.reference=sketch``, ExpRL's premise): not
 imitable step by step, still checkable by the embedded reference judge."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The persistent task's premise variant (``criteria="prompt"``, issue 24): persistent criteria whose required
+"""The persistent task's premise variant (``criteria="prompt"``): persistent criteria whose required
 content depends on the prompt, so one hit does not carry to other prompts; today's task is the control."""
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def test_warm_start_caches_the_clean_phase_for_every_noisy_phase(tmp_path):
         run(noise_steps=1, noise_offset=61)  # the task's modulus
 
 
-# ---- the late-only skill (RRL's premise task, issue 24) -------------------------------------------------
+# ---- the late-only skill (RRL's premise task) -------------------------------------------------
 
 
 def test_todays_task_is_unchanged_for_existing_seeds():
