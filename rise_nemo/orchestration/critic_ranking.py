@@ -28,9 +28,9 @@ import torch
 from rise_nemo.core.metrics import ranking_auc
 from rise_nemo.core.replay import state_boundaries
 from rise_nemo.core.value import make_value_loss, monte_carlo_returns, terminal_token_rewards
-from rise_nemo.interfaces import KIND_NATURAL
-from rise_nemo.orchestration.step import STREAM_NATURAL, TrainSample, build_batch, sampling_params
-from rise_nemo.orchestration.tokens import find_tokenizer
+from rise_nemo.orchestration.reasoning_step import batch_rollouts, rollout_batch, verify_rewards
+from rise_nemo.orchestration.step import STREAM_NATURAL, sampling_params
+from rise_nemo.orchestration.tokens import find_tokenizer, token_texts
 
 STREAM_CRITIC_PRETRAIN = 7  # the pre-training rollouts' sampling stream (never a training step's)
 
@@ -49,21 +49,16 @@ def prefix_scores_and_labels(ctx: Any, problems, groups, valid, batch, values) -
         return [], []
     tok = find_tokenizer(ctx.generator)
     marker = str(ctx.cfg.rrl.step_marker)
-    scores, labels, row = [], [], 0
-    for i, group in enumerate(groups):
-        for j, rollout in enumerate(group):
-            if not bool(valid[i, j]):
-                continue
-            ids = list(rollout.response_token_ids)
-            texts = list(tok.batch_decode([[t] for t in ids], skip_special_tokens=True)) if ids else []
-            prompt_len = int(batch["input_lengths"][row]) - len(ids)
-            for k in state_boundaries(texts, "step", marker):
-                if k <= rollout.given_token_count:
-                    continue  # a replayed state's own cut points are not this rollout's states
-                correct, total = check(problems[i], tok.decode(ids[:k], skip_special_tokens=True))
-                scores.append(float(values[row, prompt_len + k]))
-                labels.append(0 < total == correct)  # a prefix without a readable step is not correct so far
-            row += 1
+    scores, labels = [], []
+    for row, (i, _, rollout) in enumerate(batch_rollouts(batch, groups, valid)):  # row b = valid rollout b
+        ids = list(rollout.response_token_ids)
+        prompt_len = int(batch["input_lengths"][row]) - len(ids)
+        for k in state_boundaries(token_texts(ctx.generator, ids), "step", marker):
+            if k <= rollout.given_token_count:
+                continue  # a replayed state's own cut points are not this rollout's states
+            correct, total = check(problems[i], tok.decode(ids[:k], skip_special_tokens=True))
+            scores.append(float(values[row, prompt_len + k]))
+            labels.append(0 < total == correct)  # a prefix without a readable step is not correct so far
     return scores, labels
 
 
@@ -71,8 +66,6 @@ def pretrain_critic(ctx: Any, problems: Sequence[Any], seed: int, progress: bool
     """``ppo.critic_pretrain_*`` (module docstring) on ``ctx.critic``; returns metrics
     (critic_pretrain/auc_before, auc_after on the held-out fifth, value_loss, rollouts, seconds)."""
     import time
-
-    from rise_nemo.orchestration.reasoning_step import verify_rewards
 
     p = ctx.cfg.ppo
     updates, lr = int(p.critic_pretrain_updates), float(p.critic_pretrain_lr)
@@ -92,10 +85,7 @@ def pretrain_critic(ctx: Any, problems: Sequence[Any], seed: int, progress: bool
     def rollouts(probs):
         groups = ctx.generator.generate([list(q.messages) for q in probs], per_problem, params)
         rewards, valid = verify_rewards(ctx.verifier, probs, groups)
-        samples = [TrainSample(list(r.prompt_token_ids), list(r.response_token_ids), KIND_NATURAL, 0.0, [],
-                               sampled_under_train_prompt=True)
-                   for i, g in enumerate(groups) for j, r in enumerate(g) if bool(valid[i, j])]
-        batch = build_batch(samples, ctx.pad_id)
+        batch = rollout_batch(groups, valid, ctx.pad_id)
         batch["returns"] = monte_carlo_returns(terminal_token_rewards(rewards[valid], batch["token_mask"]),
                                                batch["token_mask"], float(p.gae_gamma))
         return groups, valid, batch

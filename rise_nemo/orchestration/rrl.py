@@ -46,7 +46,7 @@ from rise_nemo.interfaces import Rollout
 from rise_nemo.methods import register_hooks
 from rise_nemo.orchestration.reasoning_step import ReasoningContext, StepHooks, batch_rollouts
 from rise_nemo.orchestration.step import TrainSample, build_batch
-from rise_nemo.orchestration.tokens import encode_response, find_tokenizer
+from rise_nemo.orchestration.tokens import encode_response, find_tokenizer, token_texts
 
 SOURCE_POLICY, SOURCE_CANONICAL = "policy", "canonical"
 log = logging.getLogger("rise_nemo.rrl")
@@ -229,8 +229,7 @@ class RRLHooks(StepHooks):
 
     @staticmethod
     def _token_texts(ctx: ReasoningContext, ids: list[int]) -> list[str]:
-        tok = find_tokenizer(ctx.generator)
-        return list(tok.batch_decode([[t] for t in ids], skip_special_tokens=True)) if ids else []
+        return token_texts(ctx.generator, ids)
 
     # ---- after the updates: the stabilisation rule ----------------------------------------------------
     def after_train(self, ctx: ReasoningContext, metrics: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,11 @@ def find_tokenizer(generator: Any) -> Any:
                      "with it, RRL cuts reference states with it)")
 
 
+def token_texts(generator: Any, ids: list[int]) -> list[str]:
+    """Each token's own text (the cut-point rules of core.replay.state_boundaries read them)."""
+    return list(find_tokenizer(generator).batch_decode([[t] for t in ids], skip_special_tokens=True)) if ids else []
+
+
 def pad_id_of(generator: Any) -> int:
     """The tokenizer's pad id for the batches a step builds (padding is masked everywhere, so any id is
     correct; 0 for a generator without a tokenizer, e.g. a test double)."""
