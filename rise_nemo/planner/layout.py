@@ -18,6 +18,8 @@ from rise_nemo.recipe_keys import RecipeKeyError, get
 
 MEGATRON = "nemo.policy.megatron_cfg"
 VLLM = "nemo.policy.generation.vllm_cfg"
+# vLLM weight bytes per parameter by vllm_cfg.precision (float32: CPU functional runs of tiny models).
+VLLM_PRECISION_BYTES = {"fp8": 1.0, "bfloat16": 2.0, "float16": 2.0, "float32": 4.0}
 FP8_FORMATS = ("e4m3", "hybrid")
 FP8_RECIPES = ("blockwise", "tensorwise", "mxfp8")
 
@@ -33,7 +35,10 @@ class PlanIssue:
 
 @dataclass(frozen=True)
 class PolicyLayout:
-    """The Megatron training layout (one model: the policy, or a distillation teacher)."""
+    """The training layout (one model: the policy, or a distillation teacher): Megatron's, or DTensor's (FSDP2)
+    when ``megatron_cfg.enabled`` is false and ``dtensor_cfg.enabled`` true (NeMo-RL's rule, lm_policy.py:90-91;
+    no PP there; its memory is estimated as Megatron's with the distributed optimizer: FSDP2 shards weights,
+    gradients and optimizer state over DP alike)."""
 
     model: ModelShape
     world: int  # training GPUs
@@ -42,6 +47,7 @@ class PolicyLayout:
     cp: int
     sequence_parallel: bool
     prefix: str = MEGATRON
+    tp_key: str = "tensor_model_parallel_size"  # the TP key's name under prefix (DTensor: tensor_parallel_size)
 
     @property
     def dp(self) -> int:
@@ -55,7 +61,7 @@ class GenerationLayout:
     nodes: int  # dedicated generation nodes (0 when colocated)
     tp: int
     pp: int
-    precision: str  # "bfloat16" | "fp8"
+    precision: str  # VLLM_PRECISION_BYTES key: "bfloat16" | "fp8" | "float16" | "float32" (CPU functional runs)
     kv_cache_dtype: str  # "auto" (= model dtype) | "fp8"
     gpu_memory_utilization: float
     max_model_len: int
@@ -101,22 +107,22 @@ def check_divisibility(layout: PolicyLayout, gpus_per_node: int) -> list[PlanIss
     mp = layout.tp * layout.pp * layout.cp
     if layout.world % mp:
         out.append(PlanIssue(
-            f"{p}.tensor_model_parallel_size",
+            f"{p}.{layout.tp_key}",
             f"TP {layout.tp} x PP {layout.pp} x CP {layout.cp} = {mp} does not divide the {layout.world} training GPUs",
         ))
     if m.heads % layout.tp:
-        out.append(PlanIssue(f"{p}.tensor_model_parallel_size",
+        out.append(PlanIssue(f"{p}.{layout.tp_key}",
                              f"TP {layout.tp} does not divide {m.name}'s {m.heads} attention heads"))
     if m.kv_heads % layout.tp:
-        out.append(PlanIssue(f"{p}.tensor_model_parallel_size",
+        out.append(PlanIssue(f"{p}.{layout.tp_key}",
                              f"TP {layout.tp} does not divide {m.name}'s {m.kv_heads} KV heads (query groups)"))
     if m.layers % layout.pp:
         out.append(PlanIssue(f"{p}.pipeline_model_parallel_size",
                              f"PP {layout.pp} does not divide {m.name}'s {m.layers} layers"))
     if layout.sequence_parallel and layout.tp == 1:
-        out.append(PlanIssue(f"{p}.sequence_parallel", "sequence parallel needs tensor_model_parallel_size > 1"))
+        out.append(PlanIssue(f"{p}.sequence_parallel", f"sequence parallel needs {layout.tp_key} > 1"))
     if layout.tp > gpus_per_node:
-        out.append(PlanIssue(f"{p}.tensor_model_parallel_size",
+        out.append(PlanIssue(f"{p}.{layout.tp_key}",
                              f"TP {layout.tp} spans more than one {gpus_per_node}-GPU node (NVLink domain)"))
     return out
 
@@ -246,8 +252,8 @@ def check_generation(tree: Mapping[str, Any], gen: GenerationLayout, model: Mode
     if gen.max_model_len < seq:
         out.append(PlanIssue(f"{VLLM}.max_model_len",
                              f"{gen.max_model_len} is shorter than policy.max_total_sequence_length {seq}"))
-    if gen.precision not in ("bfloat16", "fp8"):
-        out.append(PlanIssue(f"{VLLM}.precision", f"{gen.precision!r} is not bfloat16 or fp8"))
+    if gen.precision not in VLLM_PRECISION_BYTES:
+        out.append(PlanIssue(f"{VLLM}.precision", f"{gen.precision!r} is not one of {sorted(VLLM_PRECISION_BYTES)}"))
     if gen.precision == "fp8" and get(tree, "nemo.adapter.importance_sampling", "none", str) == "none":
         out.append(PlanIssue("nemo.adapter.importance_sampling",
                              "FP8 rollouts differ from the trainer's distribution: set behaviour_ratio"))
@@ -255,6 +261,15 @@ def check_generation(tree: Mapping[str, Any], gen: GenerationLayout, model: Mode
 
 
 def _policy_layout(tree, prefix_key: str, model: ModelShape, world: int) -> PolicyLayout:
+    megatron = bool(get(tree, f"{prefix_key}.megatron_cfg.enabled", True, bool))
+    if not megatron and bool(get(tree, f"{prefix_key}.dtensor_cfg.enabled", False, bool)):
+        dt = f"{prefix_key}.dtensor_cfg"
+        return PolicyLayout(
+            model=model, world=world, tp=get(tree, f"{dt}.tensor_parallel_size", 1, int), pp=1,
+            cp=get(tree, f"{dt}.context_parallel_size", 1, int),
+            sequence_parallel=bool(get(tree, f"{dt}.sequence_parallel", False, bool)), prefix=dt,
+            tp_key="tensor_parallel_size",
+        )
     return PolicyLayout(
         model=model,
         world=world,

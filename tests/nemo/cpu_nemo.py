@@ -30,8 +30,9 @@ from rise_nemo.core.rubric import Criterion, MachineCheck, Rubric, RubricPrompt
 WORDS = ("alpha", "beta", "gamma", "delta", "sun", "moon", "river", "forest")
 
 
-def make_prompts(n: int, offset: int = 0) -> list[RubricPrompt]:
-    rubric = Rubric((
+def make_prompts(n: int, offset: int = 0, rubric: Rubric | None = None) -> list[RubricPrompt]:
+    """n "describe the <topic>" prompts sharing ``rubric`` (default: mentions alpha / beta, not gamma)."""
+    rubric = rubric or Rubric((
         Criterion("Mentions alpha", 3.0, (), MachineCheck("contains", "alpha")),
         Criterion("Mentions beta", 2.0, (), MachineCheck("contains", "beta")),
         Criterion("Says gamma", -1.0, (), MachineCheck("contains", "gamma")),

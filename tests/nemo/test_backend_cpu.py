@@ -353,3 +353,30 @@ def test_nemo_rl_is_found_through_nemo_rl_dir(tmp_path, monkeypatch):
         assert os.environ["PYTHONPATH"] == f"{tmp_path.resolve()}{os.pathsep}/elsewhere"
     finally:
         sys.modules.pop("nemo_rl", None)
+
+
+def test_a_prompt_that_fills_max_model_len_is_refused_with_the_key():
+    """vLLM rejects such a prompt deep inside its worker ("maximum context length is 96 tokens"), killing the
+    step; the generator names the prompt and the key before sending anything."""
+    policy, generator, events, _, _ = make_backend()
+    generator.max_model_len = 8
+    prompts = [list(p.messages) for p in make_prompts(2)]
+    with pytest.raises(ValueError, match=r"prompt \d of this batch has \d+ tokens.*vllm_cfg\.max_model_len=8"):
+        generator.generate(prompts, 2, SamplingParams(max_new_tokens=MAX_NEW))
+    assert "vllm.generate" not in events
+
+
+def test_embedded_warm_start_is_local_only_and_can_be_turned_off(tmp_path):
+    """data.warm_start trains the local backend's model; on backend nemo it is a one-line error naming the
+    key (it crashed with AttributeError 'NemoPolicy' object has no attribute 'engine'), and
+    data.warm_start.enabled=false skips it."""
+    from rise_nemo.errors import UserError
+    from rise_nemo.orchestration.data import warm_start_policy
+
+    policy, generator, *_ = make_backend()
+    tree = recipe(tmp_path)
+    tree["data"] = {"source": "persistent"}
+    with pytest.raises(UserError, match=r"data\.warm_start: .*backend nemo set data\.warm_start\.enabled=false"):
+        warm_start_policy(config_from_dict(tree), policy, generator, progress=False)
+    tree["data"]["warm_start"] = {"enabled": False}
+    assert warm_start_policy(config_from_dict(tree), policy, generator, progress=False) is None

@@ -661,3 +661,18 @@ def test_dtensor_recipe_names_the_v2_worker_it_inherits(v2, tmp_path, monkeypatc
     else:
         master = grpo.MasterConfig(**build_master_config(recipe, str(tmp_path)))
         assert master.policy["dtensor_cfg"]["enabled"] and master.policy["dtensor_cfg"]["_v2"] is False
+
+
+def test_master_config_names_the_key_a_merge_cannot_take(tmp_path, monkeypatch):
+    """A recipe value of the wrong shape for NeMo-RL's base config (a mapping where grpo_math_1B.yaml has a list)
+    fails with the recipe key, not an omegaconf traceback."""
+    from rise_nemo.backends import nemo as nemo_backend
+    from rise_nemo.backends.nemo.config import NemoConfigError, build_master_config
+    from rise_nemo.config.loader import load_config
+
+    monkeypatch.setenv("NEMO_RL_DIR", str(Path(nemo_rl.__file__).resolve().parents[1]))
+    tree = nemo_backend.plain_recipe(load_config(REPO / "recipes" / "rise_4b.yaml"))
+    tree["nemo"]["base"] = "grpo_math_1B.yaml"
+    tree["nemo"]["policy"]["scheduler"] = {"name": "torch.optim.lr_scheduler.ConstantLR"}
+    with pytest.raises(NemoConfigError, match=r"recipe key nemo\.policy\.scheduler: Cannot merge"):
+        build_master_config(tree, str(tmp_path))

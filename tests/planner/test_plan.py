@@ -98,6 +98,30 @@ def test_vllm_checks():
     assert any(i.startswith("nemo.adapter.importance_sampling") for i in issues(tree))
 
 
+def test_vllm_precision_float32_plans_with_four_bytes_a_weight():
+    """float32 vLLM (CPU functional runs) is a known precision: planned, its weights counted at 4 bytes."""
+    tree = tiny_tree()
+    tree["nemo"]["policy"]["generation"]["vllm_cfg"]["precision"] = "float32"
+    assert not issues(tree)
+    weights = {t.label: t.gib for t in plan_recipe(tree).terms if t.label.startswith("vLLM weights")}
+    tree["nemo"]["policy"]["generation"]["vllm_cfg"]["precision"] = "bfloat16"
+    bf16 = {t.label: t.gib for t in plan_recipe(tree).terms if t.label.startswith("vLLM weights")}
+    assert list(weights) == ["vLLM weights (fp32, TP 1)"]
+    assert weights["vLLM weights (fp32, TP 1)"] == pytest.approx(2 * bf16["vLLM weights (bf16, TP 1)"])
+    tree["nemo"]["policy"]["generation"]["vllm_cfg"]["precision"] = "int4"
+    assert any(i.startswith("nemo.policy.generation.vllm_cfg.precision") and "int4" in i for i in issues(tree))
+
+
+def test_dtensor_policy_is_laid_out_from_dtensor_cfg():
+    """megatron_cfg.enabled false + dtensor_cfg.enabled (NeMo-RL's rule): the DTensor TP is checked, and a
+    Megatron block left in the recipe (inherited from a Megatron recipe) is ignored, as NeMo-RL ignores it."""
+    tree = tiny_tree(tensor_model_parallel_size=16, enabled=False)  # would fail as a Megatron layout
+    tree["nemo"]["policy"]["dtensor_cfg"] = {"enabled": True, "tensor_parallel_size": 1}
+    assert not issues(tree)
+    tree["nemo"]["policy"]["dtensor_cfg"]["tensor_parallel_size"] = 16
+    assert any(i.startswith("nemo.policy.dtensor_cfg.tensor_parallel_size") for i in issues(tree))
+
+
 def test_fp8_checks():
     tree = tiny_tree(fp8_cfg={"enabled": True, "fp8": "e5m2", "fp8_recipe": "blockwise"})
     found = issues(tree)

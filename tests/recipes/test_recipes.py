@@ -99,6 +99,10 @@ def test_derived_values_are_written_into_nemo_tree(tmp_path):
     assert tree["loss_fn"]["reference_policy_kl_penalty"] == 0.001
     assert tree["grpo"]["skip_reference_policy_logprobs_calculation"] is False
     assert not {"plan", "adapter", "base", "algorithm"} & set(tree)
+    # evaluation is rise_nemo's: NeMo-RL's validation stays off whatever its base config says (grpo_math_1B.yaml
+    # has val_period 10, and grpo.setup, given no validation set, asserts; every recipe that did not repeat
+    # these three keys failed before NeMo-RL started)
+    assert (tree["grpo"]["val_period"], tree["grpo"]["val_at_start"], tree["grpo"]["val_at_end"]) == (0, False, False)
 
 
 def _broken(name: str, mutate) -> dict:
@@ -115,6 +119,8 @@ def _broken(name: str, mutate) -> dict:
     (lambda t: t["nemo"].__setitem__("algorithm", "ppo"), "nemo.algorithm: 'ppo'"),
     (lambda t: t["nemo"]["policy"].__delitem__("model_name"), "nemo.policy.model_name is missing"),
     (lambda t: t["nemo"]["policy"]["generation"].__setitem__("backend", "sglang"), "vllm only"),
+    (lambda t: t["nemo"].setdefault("grpo", {}).__setitem__("val_period", 5),
+     "nemo.grpo.val_period is set from eval.every"),
     (lambda t: t.__setitem__("nemo", {}), "recipe key nemo: missing or empty"),
     (lambda t: t["nemo"]["policy"]["generation"]["vllm_cfg"].__setitem__("kv_cache_dtype", "fp8"),
      "kv_cache_dtype: fp8 KV cache is not supported"),
@@ -282,3 +288,14 @@ def test_hh_prompt_template_renders_hh_transcripts():
     prefix, messages, _ = split_transcript(text)
     template = load("ppo_hh_llama2_7b.yaml")["nemo"]["policy"]["tokenizer"]["chat_template"]
     assert Template(template).render(messages=list(messages), add_generation_prompt=True) == prefix
+
+
+def test_shape_mismatch_names_the_key_omegaconf_does_not():
+    """OmegaConf's merge says only "Cannot merge DictConfig with ListConfig"; build_master_config reports the
+    recipe key (a DTensor scheduler written as a mapping over NeMo-RL's list of schedulers)."""
+    from rise_nemo.backends.nemo.config import shape_mismatch
+
+    base = {"policy": {"scheduler": [{"name": "LinearLR"}], "optimizer": {"kwargs": {"lr": 1.0}}}}
+    assert shape_mismatch(base, {"policy": {"scheduler": {"name": "ConstantLR"}}}) == "policy.scheduler"
+    assert shape_mismatch(base, {"policy": {"optimizer": [1]}}) == "policy.optimizer"
+    assert shape_mismatch(base, {"policy": {"scheduler": [{"name": "X"}], "optimizer": {"kwargs": {"lr": 2}}}}) is None

@@ -45,6 +45,11 @@ DERIVED: dict[str, str] = {
     "grpo.seed": "run.seed",
     "grpo.max_num_steps": "train.steps",
     "grpo.max_num_epochs": "train.steps",
+    # evaluation is rise_nemo's (the eval: block); NeMo-RL's validation loop never runs (grpo.setup gets no
+    # validation set and asserts when any of these is on)
+    "grpo.val_period": "eval.every",
+    "grpo.val_at_start": "eval.at_start",
+    "grpo.val_at_end": "eval.every",
     "loss_fn.reference_policy_kl_penalty": "policy_loss.kl_coef",
     "grpo.skip_reference_policy_logprobs_calculation": "policy_loss.kl_coef",
     "checkpointing.enabled": "train.checkpoint_every",
@@ -141,6 +146,9 @@ def derived_values(recipe: Mapping[str, Any], run_dir: str) -> dict[str, Any]:
             # setup() sizes Megatron's scheduler as min(max_num_steps, max_num_epochs x batches per epoch);
             # rise_nemo samples its own prompts, so epochs must never be the binding limit.
             "grpo.max_num_epochs": max(1, int(get(recipe, "train.steps"))),
+            "grpo.val_period": 0,
+            "grpo.val_at_start": False,
+            "grpo.val_at_end": False,
             "loss_fn.reference_policy_kl_penalty": kl,
             "grpo.skip_reference_policy_logprobs_calculation": kl == 0.0,
         })
@@ -231,14 +239,37 @@ def build_master_config(recipe: Mapping[str, Any], run_dir: str) -> dict[str, An
     put_nemo_rl_on_path()
     from nemo_rl.utils.config import load_config, register_omegaconf_resolvers
     from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigTypeError
 
     register_omegaconf_resolvers()  # ${mul:a,b} etc. in NeMo-RL's example configs
     base_path = base_config_path(recipe)
     base = load_config(base_path) if base_path is not None else OmegaConf.create({})
-    merged = OmegaConf.merge(base, OmegaConf.create(nemo_overrides(recipe, run_dir)))
+    overrides = nemo_overrides(recipe, run_dir)
+    try:
+        merged = OmegaConf.merge(base, OmegaConf.create(overrides))
+    except ConfigTypeError as exc:  # omegaconf names no key ("Cannot merge DictConfig with ListConfig")
+        where = shape_mismatch(OmegaConf.to_container(base), overrides) or "?"
+        raise NemoConfigError(f"recipe key nemo.{where}: {exc.msg.splitlines()[0]} (the base config "
+                              f"{base_path.name if base_path else '-'} has another shape there; replace it in the "
+                              "same shape)") from None
     master = OmegaConf.to_container(merged, resolve=True)
     check_dtensor_worker(master)
     return master
+
+
+def shape_mismatch(base: Any, override: Any, prefix: str = "") -> str | None:
+    """The first dotted key where ``override`` puts a mapping over a list or a list over a mapping of ``base``."""
+    if isinstance(base, Mapping) and isinstance(override, Mapping):
+        for key, value in override.items():
+            if key in base:
+                found = shape_mismatch(base[key], value, f"{prefix}{key}.")
+                if found:
+                    return found
+        return None
+    if isinstance(base, (Mapping, list)) and isinstance(override, (Mapping, list)) and \
+            isinstance(base, Mapping) != isinstance(override, Mapping):
+        return prefix.rstrip(".")
+    return None
 
 
 def check_dtensor_worker(master: Mapping[str, Any]) -> None:

@@ -133,6 +133,7 @@ class NemoGenerator:
         self.pad_id = int(session.tokenizer.pad_token_id)
         stop = gen.get("stop_token_ids") or [session.tokenizer.eos_token_id]
         self.eos_ids = [int(t) for t in stop if t is not None]
+        self.max_model_len = int((gen.get("vllm_cfg") or {}).get("max_model_len") or 0) or None
 
     def encode_prompt(self, messages: list[dict]) -> list[int]:
         text = self.session.tokenizer.apply_chat_template(
@@ -154,6 +155,18 @@ class NemoGenerator:
                 )
         return False
 
+    def _check_lengths(self, inputs: Sequence[Sequence[int]]) -> None:
+        """vLLM rejects a prompt that fills its max_model_len deep inside the worker (NeMo-RL shortens only the
+        response budget), killing the step; say which prompt and which key instead."""
+        if self.max_model_len is None:
+            return
+        longest = max(range(len(inputs)), key=lambda i: len(inputs[i]), default=None)
+        if longest is not None and len(inputs[longest]) >= self.max_model_len:
+            raise ValueError(
+                f"nemo backend: prompt {longest} of this batch has {len(inputs[longest])} tokens, no room left in "
+                f"nemo.policy.generation.vllm_cfg.max_model_len={self.max_model_len} (raise "
+                "nemo.policy.max_total_sequence_length, or shorten the prompts)")
+
     def decode_response(self, token_ids: Sequence[int]) -> str:
         """Response token ids -> the response text (raw, like the local backend; JudgeRequest applies
         core's judged_text). Also used to locate token spans."""
@@ -167,6 +180,7 @@ class NemoGenerator:
             raise ValueError(f"generate: {len(prefixes)} prefixes for {len(prompts)} prompts")
         # vLLM takes token ids: a given response prefix is simply more context after the generation prompt.
         inputs = [p + [int(t) for t in g] for p, g in zip(prompt_ids, prefixes)] if prefixes else prompt_ids
+        self._check_lengths(inputs)
         data = generation_input(inputs, n, self.pad_id)  # input_ids [P*n, L], input_lengths [P*n]
         self.session.open_generation()
         output = self.session.generation.generate(self.session.to_batched(data), greedy=greedy)
