@@ -60,16 +60,16 @@ def lean_support(model) -> str | None:
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF's RMSNorm (Qwen3RMSNorm / LlamaRMSNorm): float32 statistics, the weight applied in the input dtype."""
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    if x.dtype != torch.float32:
+        return weight * _rms(x.float(), 1.0, eps).to(x.dtype)
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's apply_rotary_pos_emb for one tensor: x * cos + rotate_half(x) * sin."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+def _cat_bias(*linears) -> torch.Tensor | None:
+    """The fused projection's bias: the modules' biases concatenated (zeros for one without), or None."""
+    if all(m.bias is None for m in linears):
+        return None
+    return torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0]) for m in linears])
 
 
 class LeanDecoder:
@@ -78,6 +78,13 @@ class LeanDecoder:
     ``prefill(ids, mask, pos, n)`` runs the HF forward on the prompts, copies its cache into static buffers
     sized for ``n`` more tokens and returns the last column's logits [B, V]; ``step(tok, i)`` feeds the i-th
     generated token [B] of every row and returns the next logits [B, V].
+
+    Per batch (in ``prefill``, after the weights of this generate call are final) the q/k/v projections and the
+    gate/up projections of each layer are concatenated into one matrix each, and Qwen3's q_norm/k_norm weights
+    into one [H + H_kv, D] tensor: one matmul instead of three (two), one RMSNorm and one RoPE for q and k
+    together. These are per-call temporaries of the module's current weights, dropped with the decoder, so a
+    later optimizer step is always seen. Each output element is the same dot product as in the separate
+    projections (tests/local/test_lean_decode.py checks the logits against the HF forward).
     """
 
     def __init__(self, engine):
@@ -107,46 +114,63 @@ class LeanDecoder:
             self.values.append(v)
         positions = pos[:, -1:] + torch.arange(1, n + 1, device=dev)  # [B, N]: position of generated token i
         cos, sin = model.model.rotary_emb(self.keys[0], positions)  # [B, N, D] each, as HF computes them
+        # rotate_half(x) * sin == roll(x, D/2) * [-sin[:D/2], sin[D/2:]] (the sign moved onto sin: exact)
+        half = self.head_dim // 2
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
         self.cos, self.sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, N, 1, D]: broadcast over heads
-        # The step's mask: HF's prepared 4D boolean mask (True = attend) over the prompt + generated columns,
-        # None without padding (what the model's mask builder concludes too).
-        self.mask = None if bool(mask.all()) else torch.cat(
-            [mask.bool(), mask.new_ones(b, n, dtype=torch.bool)], dim=1)[:, None, None, :]
+        # The step's mask over the prompt + generated columns: additive (0 / -inf, what SDPA makes of HF's
+        # prepared boolean mask at every call), None without padding (the model's mask builder concludes so too).
+        self.mask = None
+        if not bool(mask.all()):
+            full = torch.cat([mask.bool(), mask.new_ones(b, n, dtype=torch.bool)], dim=1)[:, None, None, :]
+            self.mask = torch.zeros(full.shape, dtype=logits.dtype, device=dev).masked_fill(~full, float("-inf"))
+        self.layers = []
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+            qk_norm = None
+            if hasattr(attn, "q_norm"):
+                qk_norm = torch.cat([attn.q_norm.weight.expand(self.n_heads, self.head_dim),
+                                     attn.k_norm.weight.expand(self.n_kv, self.head_dim)])
+            self.layers.append((
+                layer.input_layernorm.weight,
+                torch.cat([m.weight for m in qkv]), _cat_bias(*qkv), qk_norm,
+                attn.o_proj,
+                layer.post_attention_layernorm.weight,
+                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), _cat_bias(mlp.gate_proj, mlp.up_proj),
+                mlp.down_proj,
+            ))
         return logits
 
     def step(self, tok: torch.Tensor, i: int) -> torch.Tensor:
         model = self.model.model
-        b, hd, eps = tok.shape[0], self.head_dim, self.eps
+        b, hd, eps, n_q, n_kv = tok.shape[0], self.head_dim, self.eps, self.n_heads, self.n_kv
+        n_qk = n_q + n_kv
         col = self.width + i  # the cache column of this token
         cos, sin = self.cos[:, i], self.sin[:, i]  # [B, 1, D]
         mask = None if self.mask is None else self.mask[..., : col + 1]
-        group = self.n_heads // self.n_kv
+        group = n_q // n_kv
         h = F.embedding(tok, model.embed_tokens.weight)  # [B, hidden]
-        for li, layer in enumerate(model.layers):
-            attn = layer.self_attn
-            x = _rms(h, layer.input_layernorm.weight, eps)
-            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(b, self.n_heads, hd)
-            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(b, self.n_kv, hd)
-            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(b, self.n_kv, hd)
-            if hasattr(attn, "q_norm"):
-                q = _rms(q, attn.q_norm.weight, eps)
-                k = _rms(k, attn.k_norm.weight, eps)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        for li, (ln1, w_qkv, b_qkv, qk_norm, o_proj, ln2, w_gu, b_gu, down) in enumerate(self.layers):
+            qkv = F.linear(_rms(h, ln1, eps), w_qkv, b_qkv)  # [B, (H + 2 H_kv) D]
+            qk = qkv[:, : n_qk * hd].view(b, n_qk, hd)
+            if qk_norm is not None:
+                qk = _rms(qk, qk_norm, eps)
+            qk = qk * cos + qk.roll(hd // 2, -1) * sin  # RoPE on q and k together
             keys, values = self.keys[li], self.values[li]
-            keys[:, :, col] = k
-            values[:, :, col] = v
+            keys[:, :, col] = qk[:, n_q:]
+            values[:, :, col] = qkv[:, n_qk * hd :].view(b, n_kv, hd)
             keys, values = keys[:, :, : col + 1], values[:, :, : col + 1]
+            q = qk[:, :n_q]
             if mask is None and group > 1:  # transformers' SDPA path without a mask: native GQA
                 o = F.scaled_dot_product_attention(q[:, :, None], keys, values, scale=self.scale, enable_gqa=True)
             else:  # with a mask: the query packed per key/value head (transformers' pack_gqa for one token)
-                o = F.scaled_dot_product_attention(q.view(b, self.n_kv, group, hd), keys, values, attn_mask=mask,
+                o = F.scaled_dot_product_attention(q.reshape(b, n_kv, group, hd), keys, values, attn_mask=mask,
                                                    scale=self.scale)
-            h = h + F.linear(o.reshape(b, self.n_heads * hd), attn.o_proj.weight, attn.o_proj.bias)
-            x = _rms(h, layer.post_attention_layernorm.weight, eps)
-            mlp = layer.mlp
-            gate = F.silu(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
-            h = h + F.linear(gate * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias), mlp.down_proj.weight,
-                             mlp.down_proj.bias)
+            h = h + F.linear(o.reshape(b, n_q * hd), o_proj.weight, o_proj.bias)
+            gu = F.linear(_rms(h, ln2, eps), w_gu, b_gu)  # [B, 2 I]
+            inter = gu.shape[-1] // 2
+            h = h + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], down.weight, down.bias)
         h = _rms(h, model.norm.weight, eps)
         head = self.model.lm_head
         return F.linear(h, head.weight, head.bias)
