@@ -113,6 +113,43 @@ def test_lean_generate_equals_the_hf_loop_with_prefixes_and_an_untied_qwen2():
             == _generate("hf", params, model=_model("qwen2", vocab, tied=False)))
 
 
+def _eos_prone(gen):
+    """An untied head with a bias towards EOS (~15% a token): rows stop at many different steps."""
+    eng = gen.engine
+    old = eng.model.lm_head.weight
+    head = torch.nn.Linear(old.shape[1], old.shape[0], bias=True)
+    with torch.no_grad():
+        head.weight.copy_(old)
+        head.bias.zero_()
+        head.bias[eng.stop_token_ids] = 4.0
+    eng.model.lm_head = head
+
+
+def test_lean_generate_drops_finished_rows_and_equals_the_hf_loop(monkeypatch):
+    """A 60-row batch whose rows stop apart: the lean step stops computing finished rows (never fewer than
+    MIN_ROWS) and the samples and log-probs stay the HF loop's."""
+    decoders = []
+    prefill = LeanDecoder.prefill
+
+    def spy(self, *args):
+        decoders.append(self)
+        return prefill(self, *args)
+
+    monkeypatch.setattr(LeanDecoder, "prefill", spy)
+    params = SamplingParams(max_new_tokens=24, seed=11)
+    outs = {}
+    for decode in ("lean", "hf"):
+        _, gen = build({**CFG, "decode": decode, "generation_batch_size": 64})
+        _eos_prone(gen)
+        outs[decode] = [[(r.response_token_ids, r.sampling_logprobs) for r in g]
+                        for g in gen.generate(PROMPTS, 20, params)]
+    assert outs["lean"] == outs["hf"]
+    (dec,) = decoders
+    assert dec.compactions >= 2 and dec.rows.shape[0] == LeanDecoder.MIN_ROWS
+    lengths = [len(t) for g in outs["lean"] for t, _ in g]
+    assert min(lengths) < 4 and max(lengths) == 24  # rows stopped early and late
+
+
 def test_lean_decode_reads_the_trained_weights():
     """The policy trains the module in place between generate calls: no stale copy in the lean step."""
     params = SamplingParams(max_new_tokens=16, seed=5)

@@ -166,11 +166,12 @@ class LocalGenerator:
             done = done | torch.isin(tok, stop)
             if bool(done.all()):  # on CPU a free check; the loop ends as soon as every row stopped
                 break
-            logits = step(tok, i)
+            logits = step(tok, i, done)
         return _trim_rows(torch.stack(tokens_out, 1), torch.stack(logps_out, 1), stop)
 
     def _hf_steps(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, n: int):
-        """The HF prefill's last logits [B, V] and the HF decode step ``(tok [B], i) -> logits [B, V]``."""
+        """The HF prefill's last logits [B, V] and the HF decode step ``(tok [B], i, done [B]) -> logits [B, V]``
+        (every row, finished or not)."""
         eng = self.engine
         width = ids.shape[1]
         cache = eng.new_cache()
@@ -178,7 +179,7 @@ class LocalGenerator:
         positions = pos[:, -1:] + torch.arange(1, n + 1, device=ids.device)  # [B, N]: position of token i
         step_mask = self._step_mask(mask, n)  # [B, 1, 1, L + N] bool, [B, L + N] long, or None (no padding)
 
-        def step(tok: torch.Tensor, i: int) -> torch.Tensor:
+        def step(tok: torch.Tensor, i: int, done: torch.Tensor) -> torch.Tensor:
             kv_mask = None if step_mask is None else step_mask[..., : width + i + 1]
             return eng.forward(tok[:, None], kv_mask, positions[:, i : i + 1], cache)[:, -1]
 

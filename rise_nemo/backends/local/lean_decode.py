@@ -140,9 +140,47 @@ class LeanDecoder:
                 torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), _cat_bias(mlp.gate_proj, mlp.up_proj),
                 mlp.down_proj,
             ))
+        self.rows = None  # the batch rows the steps still compute (None: all), see drop_finished
+        self.out = logits  # [B, V]: the last logits of every row (a dropped row keeps its last ones)
+        self.compactions = 0
         return logits
 
-    def step(self, tok: torch.Tensor, i: int) -> torch.Tensor:
+    def drop_finished(self, done: torch.Tensor) -> None:
+        """Stop computing rows that have finished (``done`` [B]), once at most 3/4 of the computed rows are left.
+
+        A finished row's later tokens are replaced by padding and trimmed, so its logits are never used; the
+        sampler still draws for every row (its random stream does not change). Every other row's computation is
+        the same per-row arithmetic on fewer rows; the rows kept never drop below MIN_ROWS (finished rows fill
+        up), because matmul kernels may pick another summation order for a handful of rows (on the CPUs tested
+        only below 9 rows), which could change a logit's last bit.
+        """
+        current = done.shape[0] if self.rows is None else self.rows.shape[0]
+        active = ~done if self.rows is None else ~done[self.rows]  # [current]
+        n_active = int(active.sum())
+        target = max(n_active, min(self.MIN_ROWS, current))
+        if target > 0.75 * current:
+            return
+        if target > n_active:  # fill up with finished rows
+            filler = (~active).nonzero().squeeze(1)[: target - n_active]
+            active = active.index_fill(0, filler, True)
+        keep = active.nonzero().squeeze(1)  # [target], positions among the current rows, in order
+        self.rows = keep if self.rows is None else self.rows[keep]
+        self.keys = [k.index_select(0, keep) for k in self.keys]
+        self.values = [v.index_select(0, keep) for v in self.values]
+        self.cos, self.sin = self.cos.index_select(0, keep), self.sin.index_select(0, keep)
+        if self.mask is not None:
+            self.mask = self.mask.index_select(0, keep)
+        self.compactions += 1
+
+    MIN_ROWS = 16
+
+    def step(self, tok: torch.Tensor, i: int, done: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, V] after the i-th generated token ``tok`` [B]; ``done`` [B]: rows that have finished
+        (optional; see drop_finished)."""
+        if done is not None:
+            self.drop_finished(done)
+        if self.rows is not None:
+            tok = tok.index_select(0, self.rows)
         model = self.model.model
         b, hd, eps, n_q, n_kv = tok.shape[0], self.head_dim, self.eps, self.n_heads, self.n_kv
         n_qk = n_q + n_kv
@@ -173,4 +211,9 @@ class LeanDecoder:
             h = h + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], down.weight, down.bias)
         h = _rms(h, model.norm.weight, eps)
         head = self.model.lm_head
-        return F.linear(h, head.weight, head.bias)
+        logits = F.linear(h, head.weight, head.bias)
+        if self.rows is None:
+            self.out = logits
+        else:  # the sampler has read the previous logits already: updated in place
+            self.out.index_copy_(0, self.rows, logits)
+        return self.out
