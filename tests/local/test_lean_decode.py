@@ -40,8 +40,8 @@ def _model(kind: str, vocab: int, heads: int = 4, kv_heads: int = 2, tied: bool 
         return model
 
 
-def _engine(model=None):
-    _, gen = build(CFG)
+def _engine(model=None, dtype="float32"):
+    _, gen = build({**CFG, "dtype": dtype})
     if model is not None:
         gen.engine.model = model.eval()
     return gen.engine
@@ -60,12 +60,12 @@ def _left_padded(eng, lens, seed=0):
 
 @pytest.mark.parametrize("kind,heads,kv_heads,tied", [("qwen3", 4, 2, True), ("qwen3", 4, 2, False),
                                                       ("qwen3", 4, 4, True), ("qwen2", 4, 2, False),
-                                                      ("llama", 4, 1, True)])
+                                                      ("llama", 4, 1, True), ("qwen3-bfloat16", 4, 2, True)])
 @pytest.mark.parametrize("lens", [[5, 9, 3, 9, 7, 1], [6, 6, 6]])  # left padding / none (no mask)
 @torch.inference_mode()
 def test_lean_step_logits_equal_the_hf_forward(kind, heads, kv_heads, tied, lens):
-    eng = _engine()
-    if kind != "qwen3" or (heads, kv_heads, tied) != (4, 2, True):
+    eng = _engine(dtype="bfloat16" if kind.endswith("bfloat16") else "float32")
+    if kind[:5] != "qwen3" or (heads, kv_heads, tied) != (4, 2, True):
         eng = _engine(_model(kind, eng.model.config.vocab_size, heads, kv_heads, tied))
     assert lean_support(eng.model) is None
     assert (eng.model.lm_head.weight is eng.model.model.embed_tokens.weight) == tied
