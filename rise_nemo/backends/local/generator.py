@@ -128,14 +128,14 @@ class LocalGenerator:
 
         Runs under ``torch.inference_mode`` (no autograd bookkeeping on any op; nothing it creates outlives the
         call but Python lists). The prefill is the HF forward; per token: one decode step, the sampler, the stop
-        check. The decode step is ``LeanDecoder.step`` (a static KV cache, about half the ops of an HF forward;
-        lean_decode.py) where the engine supports it (``engine.lean_decode``, ``local.decode``), else the HF
+        check. The decode step is ``LeanDecoder.step`` (a static KV cache, 105 aten ops against the HF forward's 170,
+        finished rows no longer computed; lean_decode.py) where the engine supports it (``engine.lean_decode``, ``local.decode``), else the HF
         forward on a DynamicCache with everything prepared before the loop: the positions of all steps, and the
         attention mask as the model's prepared 4D mask (transformers >= 5 with SDPA and full attention: the model
         skips building it from the 2D mask at every token) or a preallocated 2D mask sliced per step; a batch
         without padding passes no mask (what the model's mask builder would conclude anyway). The stop check
-        reads one bool per token: free on CPU (no device queue to drain). Both steps give the same logits, and
-        the samples, their log-probs and the RNG's use are exactly the previous loop's
+        reads one bool per token: free on CPU (no device queue to drain). Both steps give the same logits for every
+        row still decoding, and the samples, their log-probs and the RNG's use are exactly the previous loop's
         (tests/local/test_decode_loop.py, tests/local/test_lean_decode.py).
         """
         eng = self.engine
