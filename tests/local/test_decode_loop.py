@@ -1,6 +1,7 @@
 """The local generator's decode loop: the same samples, sampling log-probs and RNG use as the
 previous loop (kept below verbatim as the reference) for a fixed seed and for the engine's own RNG, with left
-padding, prefixes, temperature/top-p and greedy decoding, on both mask paths (prepared 4D mask / 2D mask)."""
+padding, prefixes, temperature/top-p and greedy decoding: the lean decode step (local.decode=lean, the
+default) and the HF forward step on both of its mask paths (prepared 4D mask / 2D mask)."""
 
 from __future__ import annotations
 
@@ -50,9 +51,11 @@ def _previous_decode_batch(self, prompt_ids, params, rng):
     return _trim_rows(torch.stack(tokens_out, 1), torch.stack(logps_out, 1), stop)
 
 
-def _run(prepared: bool, previous: bool, params: SamplingParams, monkeypatch, prefixes=None, prompts=PROMPTS):
-    _, gen = build(CFG)
-    gen.engine.prepared_masks = prepared and gen.engine.prepared_masks
+def _run(mode: str, previous: bool, params: SamplingParams, monkeypatch, prefixes=None, prompts=PROMPTS):
+    """mode: lean | hf-prepared (the HF step with the model's 4D mask) | hf-2d (the HF step with a 2D mask)."""
+    _, gen = build({**CFG, "decode": "lean" if mode == "lean" else "hf"})
+    assert gen.engine.lean_decode == (mode == "lean")
+    gen.engine.prepared_masks = mode != "hf-2d" and gen.engine.prepared_masks
     if previous:
         monkeypatch.setattr(LocalGenerator, "_decode_batch", _previous_decode_batch)
     first = gen.generate(prompts, 4, params, prefixes=prefixes)
@@ -61,23 +64,24 @@ def _run(prepared: bool, previous: bool, params: SamplingParams, monkeypatch, pr
     return [[(r.response_token_ids, r.sampling_logprobs, r.finished) for r in g] for g in first + second]
 
 
-@pytest.mark.parametrize("prepared", [True, False])
+@pytest.mark.parametrize("mode", ["lean", "hf-prepared", "hf-2d"])
 @pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=24, seed=7),
                                     SamplingParams(max_new_tokens=24, temperature=0.7, top_p=0.9),
                                     SamplingParams(max_new_tokens=12, temperature=0.0)])
-def test_decode_loop_samples_equal_the_previous_loop(prepared, params, monkeypatch):
-    new = _run(prepared, False, params, monkeypatch)
-    assert new == _run(prepared, True, params, monkeypatch)
+def test_decode_loop_samples_equal_the_previous_loop(mode, params, monkeypatch):
+    new = _run(mode, False, params, monkeypatch)
+    assert new == _run(mode, True, params, monkeypatch)
     assert any(len(set(map(len, (x[0] for x in g)))) > 1 for g in new) or params.temperature == 0
 
 
-def test_decode_loop_with_prefixes_and_no_padding(monkeypatch):
+@pytest.mark.parametrize("mode", ["lean", "hf-prepared"])
+def test_decode_loop_with_prefixes_and_no_padding(mode, monkeypatch):
     params = SamplingParams(max_new_tokens=16, seed=3)
     same = [PROMPTS[0]] * 2  # one prompt length: no padding, no mask
     prefixes = [[5, 6, 7], [8]]
-    assert _run(True, False, params, monkeypatch, prefixes, same) == _run(True, True, params, monkeypatch, prefixes, same)
-    assert _run(True, False, params, monkeypatch, prefixes, PROMPTS[:2]) == _run(
-        True, True, params, monkeypatch, prefixes, PROMPTS[:2])
+    assert _run(mode, False, params, monkeypatch, prefixes, same) == _run(mode, True, params, monkeypatch, prefixes, same)
+    assert _run(mode, False, params, monkeypatch, prefixes, PROMPTS[:2]) == _run(
+        mode, True, params, monkeypatch, prefixes, PROMPTS[:2])
 
 
 def test_prepared_mask_path_is_taken_here():

@@ -34,6 +34,9 @@ Keys (all optional except that a tokenizer must be known):
   dtype             float32 | bfloat16 | float16; default float32
   num_threads       torch.set_num_threads for CPU runs; null leaves torch's default
   attn_implementation  transformers attention backend (sdpa | eager); default sdpa
+  decode            the generator's per-token step: ``lean`` = a hand-written step on a static KV cache
+                    (rise_nemo.backends.local.lean_decode; same logits) where the model supports it, else the
+                    HF forward; ``hf`` = always the HF forward on a DynamicCache; default lean
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ TINY_DEFAULTS: dict[str, float | int] = {
     "rope_theta": 10000.0,
 }
 
+DECODE_MODES = ("lean", "hf")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -84,6 +88,7 @@ class LocalConfig:
     dtype: str = "float32"
     num_threads: int | None = None
     attn_implementation: str = "sdpa"
+    decode: str = "lean"
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -198,6 +203,10 @@ def parse_local_config(cfg: Mapping | None) -> LocalConfig:
         out.num_threads = _positive_int("num_threads", raw["num_threads"])
     if "attn_implementation" in raw:
         out.attn_implementation = str(raw["attn_implementation"])
+    if "decode" in raw:
+        if raw["decode"] not in DECODE_MODES:
+            raise LocalConfigError(f"local.decode: expected one of {list(DECODE_MODES)}, got {raw['decode']!r}")
+        out.decode = raw["decode"]
     if out.model_path is None and out.tokenizer is None:
         raise LocalConfigError(
             "local.tokenizer: a tiny model (local.model_path is null) needs a tokenizer: a local path or "

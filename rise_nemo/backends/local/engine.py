@@ -9,12 +9,16 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import logging
 from pathlib import Path
 
 import torch
 
 from rise_nemo.backends.local.config import LocalConfig
+from rise_nemo.backends.local.lean_decode import lean_support
 from rise_nemo.backends.local.tokenizer import builtin_tokenizer
+
+log = logging.getLogger("rise_nemo.local")
 
 PASSTHROUGH = "passthrough"
 # NeMo-RL's passthrough template (nemo_rl/data/chat_templates.py): the message contents, concatenated.
@@ -97,6 +101,12 @@ class LocalEngine:
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.prepared_masks = self._accepts_prepared_mask()
+        # The generator's decode step (local.decode): lean where lean_decode supports the model, else HF's.
+        self.lean_unsupported = lean_support(self.model) if cfg.decode == "lean" else "local.decode is hf"
+        self.lean_decode = self.lean_unsupported is None
+        if cfg.decode == "lean" and not self.lean_decode:
+            log.info("local.decode: lean decode unsupported for this model (%s); using the HF forward",
+                     self.lean_unsupported)
 
     def _accepts_prepared_mask(self) -> bool:
         """Whether a decode step may pass its attention mask as the model's own prepared 4D boolean mask

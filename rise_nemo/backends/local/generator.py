@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from rise_nemo.backends.local.engine import LocalEngine
+from rise_nemo.backends.local.lean_decode import LeanDecoder
 from rise_nemo.core.rubric import Conversation
 from rise_nemo.interfaces import Rollout, SamplingParams
 
@@ -126,13 +127,16 @@ class LocalGenerator:
         """Decode one left-padded batch; returns (response ids incl. EOS, sampling log-probs, finished).
 
         Runs under ``torch.inference_mode`` (no autograd bookkeeping on any op; nothing it creates outlives the
-        call but Python lists). Per token: one model call on the KV cache, the sampler, the stop check. Everything
-        else is prepared before the loop: the positions of all steps, and the attention mask as the model's
-        prepared 4D mask (transformers >= 5 with SDPA and full attention: the model skips building it from the
-        2D mask at every token) or a preallocated 2D mask sliced per step (no per-token concatenation); a batch
+        call but Python lists). The prefill is the HF forward; per token: one decode step, the sampler, the stop
+        check. The decode step is ``LeanDecoder.step`` (a static KV cache, 105 aten ops against the HF forward's 170,
+        finished rows no longer computed; lean_decode.py) where the engine supports it (``engine.lean_decode``, ``local.decode``), else the HF
+        forward on a DynamicCache with everything prepared before the loop: the positions of all steps, and the
+        attention mask as the model's prepared 4D mask (transformers >= 5 with SDPA and full attention: the model
+        skips building it from the 2D mask at every token) or a preallocated 2D mask sliced per step; a batch
         without padding passes no mask (what the model's mask builder would conclude anyway). The stop check
-        reads one bool per token: free on CPU (no device queue to drain). The samples, their log-probs and the
-        RNG's use are exactly the previous loop's (tests/local/test_decode_loop.py).
+        reads one bool per token: free on CPU (no device queue to drain). Both steps give the same logits for every
+        row still decoding, and the samples, their log-probs and the RNG's use are exactly the previous loop's
+        (tests/local/test_decode_loop.py, tests/local/test_lean_decode.py).
         """
         eng = self.engine
         dev = eng.device
@@ -145,11 +149,13 @@ class LocalGenerator:
             mask[r, width - len(p) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, L] positions ignore the padding
         stop = torch.tensor(eng.stop_token_ids, device=dev)
-        cache = eng.new_cache()
         eng.model.eval()
-        logits = eng.forward(ids, mask, pos, cache)[:, -1]  # [B, V]
-        positions = pos[:, -1:] + torch.arange(1, n + 1, device=dev)  # [B, N]: position of generated token i
-        step_mask = self._step_mask(mask, n)  # [B, 1, 1, L + N] bool, [B, L + N] long, or None (no padding)
+        if eng.lean_decode:
+            decoder = LeanDecoder(eng)
+            logits = decoder.prefill(ids, mask, pos, n)  # [B, V]
+            step = decoder.step
+        else:
+            logits, step = self._hf_steps(ids, mask, pos, n)
         done = torch.zeros(b, dtype=torch.bool, device=dev)
         tokens_out, logps_out = [], []
         for i in range(n):
@@ -160,9 +166,24 @@ class LocalGenerator:
             done = done | torch.isin(tok, stop)
             if bool(done.all()):  # on CPU a free check; the loop ends as soon as every row stopped
                 break
-            kv_mask = None if step_mask is None else step_mask[..., : width + i + 1]
-            logits = eng.forward(tok[:, None], kv_mask, positions[:, i : i + 1], cache)[:, -1]
+            logits = step(tok, i, done)
         return _trim_rows(torch.stack(tokens_out, 1), torch.stack(logps_out, 1), stop)
+
+    def _hf_steps(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, n: int):
+        """The HF prefill's last logits [B, V] and the HF decode step ``(tok [B], i, done [B]) -> logits [B, V]``
+        (every row, finished or not)."""
+        eng = self.engine
+        width = ids.shape[1]
+        cache = eng.new_cache()
+        logits = eng.forward(ids, mask, pos, cache)[:, -1]  # [B, V]
+        positions = pos[:, -1:] + torch.arange(1, n + 1, device=ids.device)  # [B, N]: position of token i
+        step_mask = self._step_mask(mask, n)  # [B, 1, 1, L + N] bool, [B, L + N] long, or None (no padding)
+
+        def step(tok: torch.Tensor, i: int, done: torch.Tensor) -> torch.Tensor:
+            kv_mask = None if step_mask is None else step_mask[..., : width + i + 1]
+            return eng.forward(tok[:, None], kv_mask, positions[:, i : i + 1], cache)[:, -1]
+
+        return logits, step
 
     def _step_mask(self, mask: torch.Tensor, n: int) -> torch.Tensor | None:
         """The decode steps' attention mask over prompt + N generated columns (see _decode_batch), or None."""
@@ -172,6 +193,7 @@ class LocalGenerator:
         if self.engine.prepared_masks:
             return full.bool()[:, None, None, :]
         return full
+
 
 def _trim_rows(tokens: torch.Tensor, logps: torch.Tensor, stop: torch.Tensor) -> list[tuple[list[int], list[float], bool]]:
     """Cut each row after its first stop token; rows without one are unfinished (hit max_new_tokens)."""
