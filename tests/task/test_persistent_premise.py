@@ -119,6 +119,8 @@ def test_bench_conditions_map_task_and_base_rates_to_overrides():
     assert conditions(Namespace(task="premise", base_rates=[0.0075, 0.015])) == [
         ("0.0075", ["++data.task.criteria=prompt", "++data.warm_start.unprompted_rate=0.0075"]),
         ("0.015", ["++data.task.criteria=prompt", "++data.warm_start.unprompted_rate=0.015"])]
+    assert conditions(Namespace(task="named", base_rates=None)) == [
+        ("", ["++data.task.criteria=prompt", "++data.task.name_behaviours=true"])]
     with pytest.raises(SystemExit, match="--base-rates: expected probabilities in \\[0, 1\\], got 1.5"):
         conditions(Namespace(task="premise", base_rates=[1.5]))
 
