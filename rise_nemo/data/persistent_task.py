@@ -18,6 +18,11 @@ Every criterion carries a MachineCheck, so ``rise_nemo.judges.rule.RuleJudge`` s
 Criteria are tagged ``base`` / ``persistent`` / ``negative`` plus ``pool:<name>``; held-out prompts use
 (template, audience) combinations never seen in training or warm start.
 
+Variants (``make_persistent_task``; docs/results.md has the measurements): ``criteria="prompt"`` makes each
+persistent criterion demand the prompt's own audience and topic fact; ``name_behaviours=True`` appends the
+request ("please cover safety and a summary ."), so a prompt says which behaviours its rubric asks for;
+``persistent_per_prompt=1`` leaves one persistent criterion per prompt.
+
 ``response_text`` writes the task's responses; the supervised warm start that teaches them (cached on
 disk) and ``measure_rates`` (with the rule judge) live in ``rise_nemo.tasks.persistent_warm_start``, so
 this module needs no model and no judge.

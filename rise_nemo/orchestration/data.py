@@ -24,29 +24,24 @@ from rise_nemo.errors import UserError
 
 
 def persistent_task(cfg: Any):
-    """The generated persistent-criteria task of ``data.task`` (seeded, deterministic)."""
+    """The generated persistent-criteria task of ``data.task`` (seeded, deterministic); an unknown key is a
+    one-line ValueError naming it and the known ones (not a TypeError from the call)."""
+    import inspect
+
     from rise_nemo.data.persistent_task import make_persistent_task
 
-    return make_persistent_task(**_task_kwargs(make_persistent_task, cfg))
+    kwargs, known = _plain(cfg.data.task), list(inspect.signature(make_persistent_task).parameters)
+    for key in kwargs:
+        if key not in known:
+            raise ValueError(f"data.task.{key}: unknown key for data.source {cfg.data.source}; known: {known}")
+    return make_persistent_task(**kwargs)
 
 
 def chain_task(cfg: Any):
     """The embedded reasoning task of ``data.task`` (seeded, deterministic)."""
     from rise_nemo.data.chain_task import make_chain_task
 
-    return make_chain_task(**_task_kwargs(make_chain_task, cfg))
-
-
-def _task_kwargs(make: Any, cfg: Any) -> dict[str, Any]:
-    """``data.task`` as keyword arguments of the task generator ``make``; an unknown key is a one-line
-    ValueError naming it and the known ones (not a TypeError from the call)."""
-    import inspect
-
-    kwargs, known = _plain(cfg.data.task), list(inspect.signature(make).parameters)
-    for key in kwargs:
-        if key not in known:
-            raise ValueError(f"data.task.{key}: unknown key for data.source {cfg.data.source}; known: {known}")
-    return kwargs
+    return make_chain_task(**_plain(cfg.data.task))
 
 
 def reasoning_tools(cfg: Any, reward_model: Any = None) -> tuple[Any, Any]:

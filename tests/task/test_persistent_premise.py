@@ -208,3 +208,8 @@ def test_unknown_task_key_is_a_one_line_user_error_naming_it():
     cfg = load_config(root / "recipes" / "rise_tiny_cpu.yaml", ["++data.task.name_behaviours=1"])
     with pytest.raises(UserError, match=r"^data\.task\.name_behaviours: expected true or false, got 1$"):
         load_prompts_checked(cfg)
+    # The reasoning task's keys are its own generator's to check (ChainTaskConfig): they still pass through.
+    from rise_nemo.orchestration.data import chain_task
+
+    cfg = load_config(root / "recipes" / "rrl_chain_late_tiny_cpu.yaml", [])
+    assert chain_task(cfg).train and cfg.data.task.late_from == 8
