@@ -20,18 +20,22 @@ time is measured interleaved with Rubric-RL over one epoch of first visits (the 
 ``--timing-steps`` revisited steps (one generate call each).
 
 Usage: python bench/embedded_methods.py [--steps 24] [--eval-every 2] [--seeds 0 1 2] [--out DIR]
-                                       [--task control|premise] [--base-rates 0.0075 0.015]
+                                       [--task control|premise|named] [--base-rates 0.0075 0.015]
 The warm start is shared by all runs (cached under data.warm_start_cache); seeds change the sampling
 streams and the prompt order of RL training and evaluation.
 
 ``--task control`` (default) is today's task, where each persistent criterion is a fixed phrase, so one
 hit teaches it for every prompt (RISE-RL's premise is weak). ``--task premise`` sets
 ``data.task.criteria=prompt``: each persistent criterion demands the prompt's own audience and topic fact.
+``--task named`` is the premise task whose prompts also name their persistent behaviours' subjects
+(``data.task.name_behaviours=true``: "... please cover safety and a summary ."), so a policy can know
+which of the six a held-out prompt asks for; add ``++data.task.persistent_per_prompt=1`` for one
+persistent criterion per prompt.
 ``--base-rates`` runs the whole comparison once per warm-start unprompted rate
 (``data.warm_start.unprompted_rate``). Before training, each condition prints its premise measurements:
 the warm start's measured unprompted and hinted rates and the transfer rate (the share of other
 training prompts whose same-behaviour criterion one hit's text also meets). The RESULT line then adds
-``task``, ``transfer`` and, per base rate r, ``unprompted_<r>``, ``auc_ratio_<r>`` and ``reward_gain_<r>``
+``task``, ``persistent_per_prompt``, ``transfer`` and, per base rate r, ``unprompted_<r>``, ``auc_ratio_<r>`` and ``reward_gain_<r>``
 (worst seed); ``auc_ratio`` / ``reward_gain`` / ``negative_gap`` stay the worst over every rate and seed.
 """
 
@@ -81,6 +85,14 @@ VARIANTS = {
 }
 
 
+# --task: the data.task overrides of each condition (control = the recipe's task).
+TASKS = {
+    "control": [],
+    "premise": ["++data.task.criteria=prompt"],
+    "named": ["++data.task.criteria=prompt", "++data.task.name_behaviours=true"],
+}
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=24, help="RL steps per run (the fixed budget)")
@@ -91,8 +103,9 @@ def parse_args() -> argparse.Namespace:
                    choices=sorted([*RECIPES, *VARIANTS]))
     p.add_argument("--timing-steps", type=int, default=8,
                    help="interleaved steps per phase for the step-time ratio (0 = skip the timing)")
-    p.add_argument("--task", choices=["control", "premise"], default="control",
-                   help="control: today's fixed-phrase criteria; premise: criteria that depend on the prompt")
+    p.add_argument("--task", choices=sorted(TASKS), default="control",
+                   help="control: today's fixed-phrase criteria; premise: criteria that depend on the prompt; "
+                        "named: premise criteria and prompts that name their behaviours' subjects")
     p.add_argument("--base-rates", type=float, nargs="+", default=None,
                    help="warm-start unprompted rates (data.warm_start.unprompted_rate), one comparison each "
                         "(default: the recipe's)")
@@ -115,7 +128,7 @@ def config(method: str, seed: int, run_dir: Path, args, extra=()):
 
 def conditions(args) -> list[tuple[str, list[str]]]:
     """(label, overrides) per base rate of the chosen task; label "" = the recipe's own rate."""
-    task = ["++data.task.criteria=prompt"] if args.task == "premise" else []
+    task = TASKS[args.task]
     if not args.base_rates:
         return [("", task)]
     for rate in args.base_rates:
@@ -133,8 +146,9 @@ def premise_measurements(args, extra: list[str]) -> dict:
 
     cfg = config("rubric_rl", 0, Path(args.out) / "premise_probe", args, extra)
     _, _, stats = warm_started_backend(cfg, progress=False)
+    task = persistent_task(cfg)
     return {"unprompted_rate": stats.unprompted_rate, "hinted_rate": stats.hinted_rate,
-            "transfer": transfer_rate(persistent_task(cfg))}
+            "transfer": transfer_rate(task), "persistent_per_prompt": int(task.spec["persistent_per_prompt"])}
 
 
 def train_one(method: str, seed: int, args, extra=(), label: str = "") -> dict:
@@ -270,7 +284,7 @@ def main() -> int:
     worst_ratio = min(ratios) if ratios else float("nan")
     worst_gain = min(gains) if gains else float("nan")
     worst_neg = max(neg_gaps) if neg_gaps else float("nan")
-    extra_fields = [f"task={args.task}", f"transfer={statistics.mean(m['transfer'] for m in premise.values()):.4f}"]
+    extra_fields = [f"task={args.task}", f"persistent_per_prompt={conds_per_prompt(premise)}", f"transfer={statistics.mean(m['transfer'] for m in premise.values()):.4f}"]
     for label, (r, g, _) in per_rate.items():
         if label:
             extra_fields += [f"unprompted_{label}={premise[label]['unprompted_rate']:.4f}",
@@ -283,6 +297,12 @@ def main() -> int:
           f"step_ratio_guided={guided:.3f} step_ratio_after={after:.3f} negative_gap={worst_neg:+.4f}{onepass} "
           + " ".join(extra_fields))
     return 0
+
+
+def conds_per_prompt(premise: dict[str, dict]) -> int:
+    """The conditions' persistent criteria per prompt (the same in every condition: only rates differ)."""
+    (n,) = {m["persistent_per_prompt"] for m in premise.values()}
+    return n
 
 
 def vs_rubric(by: dict, method: str, seeds, label: str = "") -> tuple[list[float], list[float], list[float]]:

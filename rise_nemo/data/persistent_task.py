@@ -18,6 +18,11 @@ Every criterion carries a MachineCheck, so ``rise_nemo.judges.rule.RuleJudge`` s
 Criteria are tagged ``base`` / ``persistent`` / ``negative`` plus ``pool:<name>``; held-out prompts use
 (template, audience) combinations never seen in training or warm start.
 
+Variants (``make_persistent_task``; docs/results.md has the measurements): ``criteria="prompt"`` makes each
+persistent criterion demand the prompt's own audience and topic fact; ``name_behaviours=True`` appends the
+request ("please cover safety and a summary ."), so a prompt says which behaviours its rubric asks for;
+``persistent_per_prompt=1`` leaves one persistent criterion per prompt.
+
 ``response_text`` writes the task's responses; the supervised warm start that teaches them (cached on
 disk) and ``measure_rates`` (with the rule judge) live in ``rise_nemo.tasks.persistent_warm_start``, so
 this module needs no model and no judge.
@@ -123,6 +128,9 @@ class PersistentBehaviour:
     # (kind, pattern template filled like ``phrase``; regex templates get escaped values) demands both.
     prompt_phrase: str = ""
     prompt_check: tuple[str, str] = ("contains", "")
+    # What a prompt of the named variant (``name_behaviours=True``) asks for: "please cover <subject> ."
+    # Words of the control's vocabulary only, so the tokenizer (and every cached warm start) is unchanged.
+    subject: str = ""
 
 
 # Canonical order = the order the phrases appear in a response ("in short" always closes it).
@@ -130,28 +138,28 @@ PERSISTENT_POOL: tuple[PersistentBehaviour, ...] = (
     PersistentBehaviour("first_step", "Gives a clear first step", MachineCheck("regex", r"\bfirst step\b"),
                         "first step : {action} .",
                         "first step for a {audience} : {action} .",
-                        ("contains", "first step for a {audience} : {action}")),
+                        ("contains", "first step for a {audience} : {action}"), subject="a first step"),
     PersistentBehaviour("minutes", "Says how many minutes a day to spend", MachineCheck("regex", r"\b\d+ minutes a day\b"),
                         "spend {minutes} minutes a day on {topic} .",
                         "a {audience} can spend {minutes} minutes a day on {topic} .",
-                        ("regex", r"\b{audience} can spend \d+ minutes a day on {topic}\b")),
+                        ("regex", r"\b{audience} can spend \d+ minutes a day on {topic}\b"), subject="time"),
     PersistentBehaviour("expert", "Suggests to ask an expert when unsure", MachineCheck("contains", "ask an expert"),
                         "if unsure , ask an expert about {topic} .",
                         "if unsure , a {audience} can ask an expert about {topic} .",
-                        ("contains", "a {audience} can ask an expert about {topic}")),
+                        ("contains", "a {audience} can ask an expert about {topic}"), subject="an expert"),
     PersistentBehaviour("safety", "Includes a safety warning", MachineCheck("contains", "safety warning"),
                         "safety warning : {risk} .",
                         "safety warning for a {audience} : {risk} .",
-                        ("contains", "safety warning for a {audience} : {risk}")),
+                        ("contains", "safety warning for a {audience} : {risk}"), subject="safety"),
     PersistentBehaviour("mistake", "Points out a common mistake", MachineCheck("contains", "common mistake"),
                         "a common mistake is {mistake} .",
                         "a common mistake for a {audience} is {mistake} .",
-                        ("contains", "common mistake for a {audience} is {mistake}")),
+                        ("contains", "common mistake for a {audience} is {mistake}"), subject="a common mistake"),
     PersistentBehaviour("summary", "Closes with an in short summary",
                         MachineCheck("regex", r"\bin short\b[^.]*\.$"),  # the last sentence
                         "in short , {topic} gets easier with practice .",
                         "in short , {topic} gets easier for a {audience} .",
-                        ("regex", r"\bin short , {topic} gets easier for a {audience} \.$")),
+                        ("regex", r"\bin short , {topic} gets easier for a {audience} \.$"), subject="a summary"),
 )
 POOL_INDEX = {b.name: i for i, b in enumerate(PERSISTENT_POOL)}
 
@@ -235,10 +243,19 @@ def _rubric(topic: Topic, audience: str, persistent: Sequence[str], criteria: st
     return Rubric(tuple(crit)).validate(f"persistent task ({topic.name}, {audience})")
 
 
+def request_text(persistent: Sequence[str]) -> str:
+    """What a prompt of the named variant appends: "please cover <subject> and <subject> ." (canonical
+    order), the subjects of its persistent behaviours, so a policy can know what the rubric asks for."""
+    names = sorted(persistent, key=POOL_INDEX.__getitem__)
+    return "please cover " + " and ".join(PERSISTENT_POOL[POOL_INDEX[n]].subject for n in names) + " ."
+
+
 def _prompt(prompt_id: str, t_idx: int, q_idx: int, a_idx: int, persistent: Sequence[str],
-            criteria: str = "fixed") -> RubricPrompt:
+            criteria: str = "fixed", named: bool = False) -> RubricPrompt:
     topic, audience = TOPICS[t_idx], AUDIENCES[a_idx]
     text = QUESTION_TEMPLATES[q_idx].format(topic=topic.name, audience=audience)
+    if named:
+        text = f"{text} {request_text(persistent)}"
     meta = {"topic": t_idx, "audience": a_idx, "template": q_idx}
     if criteria != "fixed":
         meta["criteria"] = criteria  # response_text writes the matching phrases
@@ -257,6 +274,7 @@ def make_persistent_task(
     heldout_per_topic: int = 2,
     persistent_per_prompt: int = 2,
     criteria: str = "fixed",
+    name_behaviours: bool = False,
 ) -> PersistentTask:
     """Generate the task: for each topic the 32 (template, audience) combos are shuffled with ``seed``;
     the first ``heldout_per_topic`` are held out, the rest form the warm-up pool, of which the first
@@ -265,15 +283,30 @@ def make_persistent_task(
 
     ``criteria``: ``fixed`` (today's task; RISE-RL's premise is weak there, one hit teaches the phrase
     for every prompt: the premise-absent control) or ``prompt`` (the premise variant: each persistent
-    criterion demands the prompt's own audience and topic fact, see ``persistent_criterion``)."""
+    criterion demands the prompt's own audience and topic fact, see ``persistent_criterion``).
+
+    ``name_behaviours``: False (today's prompts) or True: every prompt ends with ``request_text``, the
+    subjects of its persistent behaviours ("please cover safety and a summary ."), so a policy can know
+    which of the six its rubric asks for, on held-out prompts too (coverage ceiling 1 whatever
+    ``persistent_per_prompt``). The warm start's natural targets ignore the request (each behaviour at the
+    unprompted rate), so the request is there to be learned, for every method alike.
+    ``persistent_per_prompt``: 1 makes each prompt's coverage 0 or 1 (one criterion to learn per prompt)."""
     n_combos = len(QUESTION_TEMPLATES) * len(AUDIENCES)
     if criteria not in CRITERIA_MODES:
         raise ValueError(f"data.task.criteria: expected one of {list(CRITERIA_MODES)}, got {criteria!r}")
+    if not isinstance(name_behaviours, bool):
+        raise ValueError(f"data.task.name_behaviours: expected true or false, got {name_behaviours!r}")
+    for key, value in (("seed", seed), ("persistent_per_prompt", persistent_per_prompt),
+                       ("train_per_topic", train_per_topic), ("heldout_per_topic", heldout_per_topic)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"data.task.{key}: expected an integer, got {value!r}")
     if persistent_per_prompt < 1 or persistent_per_prompt > len(PERSISTENT_POOL):
-        raise ValueError(f"persistent_per_prompt must be in [1, {len(PERSISTENT_POOL)}], got {persistent_per_prompt}")
+        raise ValueError(f"data.task.persistent_per_prompt: expected an integer in [1, {len(PERSISTENT_POOL)}], "
+                         f"got {persistent_per_prompt}")
     if heldout_per_topic < 1 or train_per_topic < 1 or heldout_per_topic + train_per_topic > n_combos:
         raise ValueError(
-            f"train_per_topic ({train_per_topic}) + heldout_per_topic ({heldout_per_topic}) must be in [2, {n_combos}]"
+            f"data.task.train_per_topic ({train_per_topic}) + data.task.heldout_per_topic ({heldout_per_topic}) "
+            f"must be in [2, {n_combos}], each at least 1"
         )
     rng = random.Random(seed)
     train, heldout, warmup = [], [], []
@@ -283,9 +316,11 @@ def make_persistent_task(
         for j, (q_idx, a_idx) in enumerate(combos):
             persistent = rng.sample([b.name for b in PERSISTENT_POOL], persistent_per_prompt)
             if j < heldout_per_topic:
-                heldout.append(_prompt(f"heldout-{topic.name}-{j}", t_idx, q_idx, a_idx, persistent, criteria))
+                heldout.append(_prompt(f"heldout-{topic.name}-{j}", t_idx, q_idx, a_idx, persistent, criteria,
+                                       name_behaviours))
                 continue
-            p = _prompt(f"{topic.name}-{j - heldout_per_topic:02d}", t_idx, q_idx, a_idx, persistent, criteria)
+            p = _prompt(f"{topic.name}-{j - heldout_per_topic:02d}", t_idx, q_idx, a_idx, persistent, criteria,
+                        name_behaviours)
             warmup.append(p)
             if j - heldout_per_topic < train_per_topic:
                 train.append(p)
@@ -296,6 +331,8 @@ def make_persistent_task(
             "persistent_per_prompt": persistent_per_prompt}
     if criteria != "fixed":  # the control's spec (and so its cached warm starts) stays as it was
         spec["criteria"] = criteria
+    if name_behaviours:
+        spec["name_behaviours"] = True
     return PersistentTask(seed, tuple(train), tuple(heldout), tuple(warmup), persistent_ids, negative_ids, spec)
 
 
@@ -307,6 +344,7 @@ def vocabulary_corpus() -> list[str]:
     """Every text the task, its hints and its responses can contain (seed-independent), for the
     word-level tokenizer ``builtin:persistent_task``."""
     texts = list(GUIDANCE_TEMPLATES) + [NEGATIVE_SENTENCE]
+    texts += [request_text([a, b.name]) for a in POOL_INDEX for b in PERSISTENT_POOL if a != b.name]
     for topic in TOPICS:
         texts += list(topic.tips)
         texts += [_fill(b.phrase, topic, minutes=m) for b in PERSISTENT_POOL for m in MINUTES]

@@ -24,10 +24,17 @@ from rise_nemo.errors import UserError
 
 
 def persistent_task(cfg: Any):
-    """The generated persistent-criteria task of ``data.task`` (seeded, deterministic)."""
+    """The generated persistent-criteria task of ``data.task`` (seeded, deterministic); an unknown key is a
+    one-line ValueError naming it and the known ones (not a TypeError from the call)."""
+    import inspect
+
     from rise_nemo.data.persistent_task import make_persistent_task
 
-    return make_persistent_task(**_plain(cfg.data.task))
+    kwargs, known = _plain(cfg.data.task), list(inspect.signature(make_persistent_task).parameters)
+    for key in kwargs:
+        if key not in known:
+            raise ValueError(f"data.task.{key}: unknown key for data.source {cfg.data.source}; known: {known}")
+    return make_persistent_task(**kwargs)
 
 
 def chain_task(cfg: Any):

@@ -239,7 +239,8 @@ def transfer_rate(task: PersistentTask, prompts: Sequence[RubricPrompt] | None =
 
     1.0 on today's task (``criteria="fixed"``: the phrase is the same for every prompt, so what one hit
     reinforces is right everywhere); on the premise variant (``criteria="prompt"``) only prompts that share
-    the required content (audience and topic fact) count, about 1/64-1/8."""
+    the required content (audience and topic fact) count, about 1/64-1/8. It counts text, not skills: with
+    ``name_behaviours`` a hit can still teach "the prompt asks for X -> write X" for every prompt asking for X."""
     from rise_nemo.judges.rule import RuleJudge
 
     prompts = list(prompts if prompts is not None else task.train)

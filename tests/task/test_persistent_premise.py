@@ -119,5 +119,97 @@ def test_bench_conditions_map_task_and_base_rates_to_overrides():
     assert conditions(Namespace(task="premise", base_rates=[0.0075, 0.015])) == [
         ("0.0075", ["++data.task.criteria=prompt", "++data.warm_start.unprompted_rate=0.0075"]),
         ("0.015", ["++data.task.criteria=prompt", "++data.warm_start.unprompted_rate=0.015"])]
+    assert conditions(Namespace(task="named", base_rates=None)) == [
+        ("", ["++data.task.criteria=prompt", "++data.task.name_behaviours=true"])]
     with pytest.raises(SystemExit, match="--base-rates: expected probabilities in \\[0, 1\\], got 1.5"):
         conditions(Namespace(task="premise", base_rates=[1.5]))
+
+
+# ---- the named variant (name_behaviours) and one persistent criterion per prompt ---------------------
+
+
+def test_named_prompts_are_deterministic_and_name_exactly_their_behaviours():
+    from rise_nemo.data.persistent_task import request_text
+
+    task, again, other = (make_persistent_task(seed=s, criteria="prompt", name_behaviours=True) for s in (5, 5, 6))
+    plain = make_persistent_task(seed=5, criteria="prompt")
+    assert task == again and task.fingerprint() == again.fingerprint()
+    assert [p.messages for p in task.train] != [p.messages for p in other.train]
+    # Same prompts, behaviours and rubrics as the unnamed premise task; only the request is appended.
+    assert [p.rubric for p in task.train + task.heldout] == [p.rubric for p in plain.train + plain.heldout]
+    assert task.fingerprint() != plain.fingerprint() and plain.spec.get("name_behaviours") is None
+    subjects = {b.name: b.subject for b in PERSISTENT_POOL}
+    for p, q in zip(task.train + task.heldout, plain.train + plain.heldout):
+        names = task.persistent_names(p)
+        text = p.messages[0]["content"]
+        assert text == f"{q.messages[0]['content']} {request_text(names)}"
+        request = text.split("please cover ", 1)[1].rstrip(" .").split(" and ")
+        assert request == [subjects[n] for n in names]  # the rubric's behaviours, in rubric order, no other
+    assert request_text(["summary", "safety"]) == "please cover safety and a summary ."
+
+
+def test_named_prompts_keep_the_control_vocabulary():
+    """The request uses only words the control's tokenizer already has: the vocabulary (and so the
+    model's embedding table and every cached control warm start) is unchanged."""
+    from rise_nemo.backends.local.tokenizer import corpus_words
+    from rise_nemo.data.persistent_task import AUDIENCES, TOPICS, vocabulary_corpus
+
+    words = corpus_words(vocabulary_corpus())
+    without = corpus_words(t for t in vocabulary_corpus() if not t.startswith("please cover "))
+    assert words == without and len(words) == 296
+    tok = builtin_tokenizer("persistent_task")
+    for per in (1, 2, 3):
+        task = make_persistent_task(seed=0, criteria="prompt", name_behaviours=True, persistent_per_prompt=per)
+        for p in task.warmup[:40] + task.heldout:
+            assert tok.unk_token_id not in tok.apply_chat_template(list(p.messages), tokenize=True)["input_ids"]
+    assert len(TOPICS) * len(AUDIENCES) == 64
+
+
+def test_one_criterion_per_prompt_has_ceiling_one_on_held_out_prompts():
+    """persistent_per_prompt=1 with named prompts: each rubric has exactly one persistent criterion, the
+    prompt names it, and the response writing just that behaviour meets it (coverage 1) within the
+    sampling budget; without the name a held-out prompt does not say which of the six it needs."""
+    task = make_persistent_task(seed=0, criteria="prompt", name_behaviours=True, persistent_per_prompt=1)
+    tok, judge = builtin_tokenizer("persistent_task"), RuleJudge()
+    names = set()
+    for p in task.train + task.heldout:
+        (k,) = task.persistent_criterion_ids[p.prompt_id]
+        (name,) = task.persistent_names(p)
+        names.add(name)
+        assert PERSISTENT_POOL[[b.name for b in PERSISTENT_POOL].index(name)].subject in p.messages[0]["content"]
+        text = response_text(p, [name], guaranteed=False, rng=random.Random(0))
+        assert len(tok.encode(text)) + 1 <= MAX_RESPONSE_TOKENS
+        assert judge.judge([JudgeRequest(p.messages, text, p.rubric, p.prompt_id)])[0][k]
+    assert names == {b.name for b in PERSISTENT_POOL}  # all six are asked for somewhere
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"name_behaviours": "yes"}, r"data\.task\.name_behaviours: expected true or false, got 'yes'"),
+    ({"persistent_per_prompt": 0}, r"data\.task\.persistent_per_prompt: expected an integer in \[1, 6\], got 0"),
+    ({"persistent_per_prompt": 7}, r"data\.task\.persistent_per_prompt: expected an integer in \[1, 6\], got 7"),
+    ({"persistent_per_prompt": "1"}, r"data\.task\.persistent_per_prompt: expected an integer, got '1'"),
+    ({"train_per_topic": 40}, r"data\.task\.train_per_topic \(40\) \+ data\.task\.heldout_per_topic \(2\)"),
+])
+def test_bad_task_values_name_the_key(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_persistent_task(criteria="prompt", **kwargs)
+
+
+def test_unknown_task_key_is_a_one_line_user_error_naming_it():
+    from rise_nemo.config import load_config
+    from rise_nemo.errors import UserError
+    from rise_nemo.orchestration.data import load_prompts_checked
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "recipes" / "rise_tiny_cpu.yaml", ["++data.task.name_behavior=true"])
+    with pytest.raises(UserError, match=r"^data\.task\.name_behavior: unknown key for data\.source persistent; "
+                                        r"known: \['seed', .*'name_behaviours'\]$"):
+        load_prompts_checked(cfg)
+    cfg = load_config(root / "recipes" / "rise_tiny_cpu.yaml", ["++data.task.name_behaviours=1"])
+    with pytest.raises(UserError, match=r"^data\.task\.name_behaviours: expected true or false, got 1$"):
+        load_prompts_checked(cfg)
+    # The reasoning task's keys are its own generator's to check (ChainTaskConfig): they still pass through.
+    from rise_nemo.orchestration.data import chain_task
+
+    cfg = load_config(root / "recipes" / "rrl_chain_late_tiny_cpu.yaml", [])
+    assert chain_task(cfg).train and cfg.data.task.late_from == 8
