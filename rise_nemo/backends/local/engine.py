@@ -145,6 +145,14 @@ class LocalEngine:
             kwargs["use_cache"] = False
         return self.model(**kwargs).logits
 
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, n: int):
+        """The prompt pass of a left-padded decode batch, shared by both decode steps (local.decode):
+        ``(last logits [B, V], the filled DynamicCache, positions [B, n] of the n tokens to generate)``."""
+        cache = self.new_cache()
+        logits = self.forward(ids, mask, pos, cache)[:, -1]
+        positions = pos[:, -1:] + torch.arange(1, n + 1, device=ids.device)  # position of generated token i
+        return logits, cache, positions
+
     def new_cache(self):
         from transformers import DynamicCache
 

@@ -174,9 +174,7 @@ class LocalGenerator:
         (every row, finished or not)."""
         eng = self.engine
         width = ids.shape[1]
-        cache = eng.new_cache()
-        logits = eng.forward(ids, mask, pos, cache)[:, -1]  # [B, V]
-        positions = pos[:, -1:] + torch.arange(1, n + 1, device=ids.device)  # [B, N]: position of token i
+        logits, cache, positions = eng.prefill(ids, mask, pos, n)  # [B, V], DynamicCache, [B, N]
         step_mask = self._step_mask(mask, n)  # [B, 1, 1, L + N] bool, [B, L + N] long, or None (no padding)
 
         def step(tok: torch.Tensor, i: int, done: torch.Tensor) -> torch.Tensor:

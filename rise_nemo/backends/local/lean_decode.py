@@ -103,10 +103,9 @@ class LeanDecoder:
         self.scale = self.head_dim**-0.5
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, n: int) -> torch.Tensor:
-        eng, model = self.engine, self.model
+        model = self.model
         b, width = ids.shape
-        cache = eng.new_cache()
-        logits = eng.forward(ids, mask, pos, cache)[:, -1]  # [B, V]
+        logits, cache, positions = self.engine.prefill(ids, mask, pos, n)  # [B, V], DynamicCache, [B, N]
         dev = ids.device
         self.width = width
         self.keys, self.values = [], []
@@ -117,7 +116,6 @@ class LeanDecoder:
             v[:, :, :width] = layer.values
             self.keys.append(k)
             self.values.append(v)
-        positions = pos[:, -1:] + torch.arange(1, n + 1, device=dev)  # [B, N]: position of generated token i
         cos, sin = model.model.rotary_emb(self.keys[0], positions)  # [B, N, D] each, as HF computes them
         # rotate_half(x) * sin == roll(x, D/2) * [-sin[:D/2], sin[D/2:]] (the sign moved onto sin: exact)
         half = self.head_dim // 2
