@@ -13,6 +13,7 @@ schema-valid JSON — and, as a control, the same model without structured outpu
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -70,7 +71,11 @@ def vllm_url(tmp_path_factory):
                    check=True, timeout=300, capture_output=True)
     port = _free_port()
     log_path = tmp / "vllm_serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    # vLLM compiles the model with TorchInductor; its caches go under this test's tmp dir and are removed after
+    # the run, not into /tmp/torchinductor_<user> and ~/.cache/vllm, where every run adds to them (GBs over time).
+    compile_caches = tmp / "compile-caches"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1",
+           "TORCHINDUCTOR_CACHE_DIR": str(compile_caches / "inductor"), "VLLM_CACHE_ROOT": str(compile_caches / "vllm")}
     cmd = [
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",  # the `vllm` CLI entry point breaks
         "--model", str(model_dir), "--served-model-name", "tiny-judge",  # under the vllm-cpu dist name
@@ -92,6 +97,7 @@ def vllm_url(tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+        shutil.rmtree(compile_caches, ignore_errors=True)
 
 
 def _judge(url: str, mode: str, structured: str, attempts: int = 2, temperature: float = 0.0):
