@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rise_nemo.backends.local import LocalConfigError, build, parse_local_config
-from rise_nemo.backends.local.generator import sampling_logprobs
+from rise_nemo.backends.local.generator import inverse_cdf_sample, sampling_logprobs
 from rise_nemo.interfaces import Generator, Policy, SamplingParams
 
 PROMPTS = [
@@ -112,6 +112,29 @@ def test_top_p_and_temperature_distribution():
     cold = sampling_logprobs(logits, 0.5, 1.0)
     torch.testing.assert_close(cold, torch.log_softmax(logits / 0.5, -1))
 
+
+
+def test_inverse_cdf_sampler_draws_the_distribution():
+    """The sampler's frequencies match the probabilities (400k draws: 5 standard errors), tokens without mass
+    (first, middle and last: top-p cut-offs) are never drawn, and a seed fixes the draws."""
+    probs = torch.tensor([0.0, 0.5, 0.2, 0.0, 0.3, 0.0], dtype=torch.float64)
+    logp = probs.log().float()[None].expand(400_000, -1)
+    draws = inverse_cdf_sample(logp, torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws, minlength=6).double() / draws.numel()
+    assert torch.all(freq[probs == 0] == 0)
+    assert torch.all((freq - probs).abs() <= 5 * (probs * (1 - probs) / draws.numel()).sqrt())
+    again = inverse_cdf_sample(logp, torch.Generator().manual_seed(0))
+    assert torch.equal(draws, again)
+
+
+def test_inverse_cdf_sampler_never_runs_past_the_last_token_with_mass(monkeypatch):
+    """u * total can round up to the total: the draw is then the last token with mass, never a masked
+    trailing one (or index V)."""
+    logp = torch.tensor([[0.25, 0.75, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]).log()
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.ones(shape, dtype=kw.get("dtype")))
+    assert inverse_cdf_sample(logp, torch.Generator()).tolist() == [1, 0]
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.zeros(shape, dtype=kw.get("dtype")))
+    assert inverse_cdf_sample(logp[:, [2, 0, 1, 3]], torch.Generator()).tolist() == [1, 1]
 
 def test_greedy_and_top_p_sampling_logprobs(backend):
     _, gen = backend
