@@ -127,6 +127,18 @@ def test_inverse_cdf_sampler_draws_the_distribution():
     assert torch.equal(draws, again)
 
 
+
+def test_inverse_cdf_sampler_draws_the_same_tokens_row_chunk_by_row_chunk(monkeypatch):
+    """The CDF pass over a few rows at a time (to stay in cache) draws what one pass over the batch draws."""
+    import rise_nemo.backends.local.generator as generator
+
+    logp = torch.log_softmax(torch.randn(37, 300, generator=torch.Generator().manual_seed(3)) * 2, -1)
+    logp[:, 250:] = float("-inf")  # a top-p style cut-off
+    logp = torch.log_softmax(logp, -1)
+    whole = inverse_cdf_sample(logp, torch.Generator().manual_seed(4))
+    monkeypatch.setattr(generator, "SAMPLER_CHUNK_ELEMENTS", 5 * 300)  # 5 rows per pass, the last one 2
+    assert torch.equal(inverse_cdf_sample(logp, torch.Generator().manual_seed(4)), whole)
+
 def test_inverse_cdf_sampler_never_runs_past_the_last_token_with_mass(monkeypatch):
     """u * total can round up to the total: the draw is then the last token with mass, never a masked
     trailing one (or index V)."""

@@ -60,25 +60,40 @@ def _sample(logits: torch.Tensor, params: SamplingParams, rng: torch.Generator) 
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 
 
+SAMPLER_CHUNK_ELEMENTS = 1 << 18  # rows per CDF pass: 2 MiB of float64, so the pass stays in the CPU's cache
+
+
 def inverse_cdf_sample(logp: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
     """One token per row [B] drawn from the log-probs ``logp`` [B, V] (-inf entries are never drawn) by
     inverting the row's CDF at one uniform number: token = the first index whose cumulative mass exceeds
     u * total.
 
     The same distribution as ``torch.multinomial(logp.exp(), 1)``, which on CPU draws V random numbers per row:
-    1 against V uniforms made sampling ~30x cheaper (0.03 against 0.7 ms per token for 128 rows of a 330-token
-    vocabulary, a third of the embedded model's decode step; 26 against 200 ms for 64 rows of Qwen's 152k
-    vocabulary, 1 thread). The CDF and u are float64, so a token's chance differs from its probability by
-    ~1e-16, not float32's 2^-24 (Qwen's tail tokens are rarer than that). Rows that have stopped still draw, so
-    the RNG's use per token is fixed (B numbers), whichever rows are still decoding. No host sync.
+    1 against V uniforms made sampling ~10x cheaper for the embedded model (128 rows of a 330-token vocabulary,
+    a third of its decode step before) and ~7x for 64 rows of Qwen's 152k vocabulary (bench/sampler.py). The
+    CDF and u are float64, so a token's chance differs from its probability by ~1e-16, not float32's 2^-24
+    (Qwen's tail tokens are rarer than that). The CDF is built a few rows at a time (SAMPLER_CHUNK_ELEMENTS):
+    one [64, 152k] float64 pass spills out of the cache and costs ~3x more; a row's CDF does not depend on the
+    other rows, so the draws are the same either way. Rows that have stopped still draw, so the RNG's use per
+    token is fixed (B numbers), whichever rows are still decoding. No host sync.
     """
-    cdf = logp.double().exp().cumsum(dim=-1)  # [B, V], non-decreasing
-    total = cdf[:, -1:].contiguous()  # [B, 1] (1 up to rounding)
-    u = torch.rand(total.shape, dtype=torch.float64, generator=rng, device=logp.device)  # [B, 1] in [0, 1)
-    tokens = torch.searchsorted(cdf, u * total, right=True)  # first index with cdf > u * total
-    # u * total can round up to total itself: then no index qualifies (V); the last token with mass is the one
-    # where the CDF first reaches its total.
-    return torch.minimum(tokens, torch.searchsorted(cdf, total)).squeeze(1)
+    rows, vocab = logp.shape
+    u = torch.rand((rows, 1), dtype=torch.float64, generator=rng, device=logp.device)  # [B, 1] in [0, 1)
+    step = max(1, SAMPLER_CHUNK_ELEMENTS // vocab)
+    # Two buffers reused by every chunk: fresh multi-MiB tensors per chunk cost page faults (3x slower, erratic).
+    probs = torch.empty((min(step, rows), vocab), dtype=torch.float64, device=logp.device)
+    cdf_buffer = torch.empty_like(probs)
+    tokens = []
+    for r in range(0, rows, step):
+        n = min(step, rows - r)
+        probs[:n].copy_(logp[r : r + n]).exp_()
+        cdf = torch.cumsum(probs[:n], dim=-1, out=cdf_buffer[:n])  # [n, V], non-decreasing
+        total = cdf[:, -1:].contiguous()  # [n, 1] (1 up to rounding)
+        first = torch.searchsorted(cdf, u[r : r + n] * total, right=True)  # first index with cdf > u * total
+        # u * total can round up to total itself: then no index qualifies (V); the last token with mass is the
+        # one where the CDF first reaches its total.
+        tokens.append(torch.minimum(first, torch.searchsorted(cdf, total)).squeeze(1))
+    return tokens[0] if len(tokens) == 1 else torch.cat(tokens)
 
 
 class LocalGenerator:
