@@ -7,8 +7,8 @@ round's process CPU time is recorded. A check that both draw the same distributi
 a fixed 6-token distribution per sampler, every frequency within 5 standard errors of its probability.
 
 Ends with exactly one line
-    RESULT small_ratio=<median inverse-CDF / multinomial CPU time, 128 x 330> large_ratio=<same, 64 x 151936>
-           small_ms=<inverse-CDF ms per draw> large_ms=<...> rounds=<n> distribution_ok=<0|1>
+    RESULT small_ratio=<median inverse-CDF / multinomial CPU time, 128 x 330> small_ms=<inverse-CDF ms per draw>
+           large_ratio=<same, 64 x 151936> large_ms=<...> rounds=<n> distribution_ok=<0|1>
 
 Usage: python bench/sampler.py [--rounds 30]
 """

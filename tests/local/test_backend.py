@@ -113,7 +113,6 @@ def test_top_p_and_temperature_distribution():
     torch.testing.assert_close(cold, torch.log_softmax(logits / 0.5, -1))
 
 
-
 def test_inverse_cdf_sampler_draws_the_distribution():
     """The sampler's frequencies match the probabilities (400k draws: 5 standard errors), tokens without mass
     (first, middle and last: top-p cut-offs) are never drawn, and a seed fixes the draws."""
@@ -127,7 +126,6 @@ def test_inverse_cdf_sampler_draws_the_distribution():
     assert torch.equal(draws, again)
 
 
-
 def test_inverse_cdf_sampler_draws_the_same_tokens_row_chunk_by_row_chunk(monkeypatch):
     """The CDF pass over a few rows at a time (to stay in cache) draws what one pass over the batch draws."""
     import rise_nemo.backends.local.generator as generator
@@ -139,6 +137,7 @@ def test_inverse_cdf_sampler_draws_the_same_tokens_row_chunk_by_row_chunk(monkey
     monkeypatch.setattr(generator, "SAMPLER_CHUNK_ELEMENTS", 5 * 300)  # 5 rows per pass, the last one 2
     assert torch.equal(inverse_cdf_sample(logp, torch.Generator().manual_seed(4)), whole)
 
+
 def test_inverse_cdf_sampler_never_runs_past_the_last_token_with_mass(monkeypatch):
     """u * total can round up to the total: the draw is then the last token with mass, never a masked
     trailing one (or index V)."""
@@ -147,6 +146,7 @@ def test_inverse_cdf_sampler_never_runs_past_the_last_token_with_mass(monkeypatc
     assert inverse_cdf_sample(logp, torch.Generator()).tolist() == [1, 0]
     monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.zeros(shape, dtype=kw.get("dtype")))
     assert inverse_cdf_sample(logp[:, [2, 0, 1, 3]], torch.Generator()).tolist() == [1, 1]
+
 
 def test_greedy_and_top_p_sampling_logprobs(backend):
     _, gen = backend

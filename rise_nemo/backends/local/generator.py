@@ -70,7 +70,7 @@ def inverse_cdf_sample(logp: torch.Tensor, rng: torch.Generator) -> torch.Tensor
 
     The same distribution as ``torch.multinomial(logp.exp(), 1)``, which on CPU draws V random numbers per row:
     1 against V uniforms made sampling ~10x cheaper for the embedded model (128 rows of a 330-token vocabulary,
-    a third of its decode step before) and ~7x for 64 rows of Qwen's 152k vocabulary (bench/sampler.py). The
+    a third of its decode step before) and ~13x for 64 rows of Qwen's 152k vocabulary (bench/sampler.py). The
     CDF and u are float64, so a token's chance differs from its probability by ~1e-16, not float32's 2^-24
     (Qwen's tail tokens are rarer than that). The CDF is built a few rows at a time (SAMPLER_CHUNK_ELEMENTS):
     one [64, 152k] float64 pass spills out of the cache and costs ~3x more; a row's CDF does not depend on the
