@@ -21,7 +21,7 @@ Tensor conventions (shared with NeMo-RL so the nemo backend is a thin adapter):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -72,18 +72,77 @@ class Generator(Protocol):
         n: int,
         params: SamplingParams,
         prefixes: Sequence[Sequence[int]] | None = None,
+        *,
+        seeds: Sequence[Sequence[int]] | None = None,
     ) -> list[list[Rollout]]:
         """Sample ``n`` responses for every chat prompt; result[i][j] is prompt i's j-th sample.
 
         ``prefixes[i]`` (optional) are response token ids given for prompt i: every sample continues them
         under the original prompt; each Rollout's ``response_token_ids`` starts with the prefix and its
         ``given_token_count`` is ``len(prefixes[i])``. ``max_new_tokens`` counts sampled tokens only.
+
+        ``seeds[i][j]`` (optional, request seeding): sample j of prompt i is drawn from its own seed, so it does
+        not depend on what else is in the call or in which order (``params.seed`` is then unused). Without
+        seeds every sample comes from the call's one random stream (``params.seed``, else the engine's).
         """
         ...
 
     def encode_prompt(self, messages: Conversation) -> list[int]:
         """Token ids of a conversation rendered with the chat template and the generation prompt."""
         ...
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt of a generate call: ``n`` samples of ``prompt`` continuing ``prefix`` (given response tokens),
+    sample j from ``seeds[j]`` when seeds are given (``Generator.generate``'s arguments for one prompt)."""
+
+    prompt: Conversation
+    n: int
+    seeds: tuple[int, ...] | None = None
+    prefix: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"GenerationRequest: n must be >= 1, got {self.n}")
+        if self.seeds is not None and len(self.seeds) != self.n:
+            raise ValueError(f"GenerationRequest: {len(self.seeds)} seeds for n={self.n} samples")
+
+
+OnRollout = Callable[[Hashable, int, int, "Rollout | BaseException"], None]
+"""on_rollout(call tag, slot, sample index, rollout): one finished sample of a streamed call, from any thread.
+An exception in place of the rollout means the sample could not be generated (the stream is broken)."""
+
+
+class GenerationCall(Protocol):
+    """A generate call whose requests arrive over time (``RolloutStream.call``): every slot is either ``put``
+    (its request) or ``skip``-ped, exactly once, in any order."""
+
+    def put(self, slot: int, request: GenerationRequest) -> None: ...
+
+    def skip(self, slot: int) -> None: ...
+
+
+@runtime_checkable
+class RolloutStream(Protocol):
+    """Generation that reports each sample as it finishes (``StreamingGenerator.open_stream``).
+
+    A call returns exactly what ``Generator.generate`` returns for its put requests in SLOT order (skipped slots
+    left out) with the same ``params``: a generator whose samples depend on the batch they are decoded in keeps
+    each call's rows in slot order; requests with seeds may be generated in any order and grouping."""
+
+    def call(self, tag: Hashable, slots: int, params: SamplingParams) -> GenerationCall: ...
+
+    def close(self) -> None:
+        """Stop generating (work in flight is abandoned); the stream reports nothing after it returns."""
+        ...
+
+
+@runtime_checkable
+class StreamingGenerator(Protocol):
+    """Optional extension of ``Generator``: streamed generation (the pipelined rubric step, docs/nemo_rl.md)."""
+
+    def open_stream(self, on_rollout: OnRollout) -> RolloutStream: ...
 
 
 LossFn = Callable[[torch.Tensor, Mapping[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
