@@ -22,6 +22,7 @@ Tensor conventions (shared with NeMo-RL so the nemo backend is a thin adapter):
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -232,6 +233,16 @@ class Judge(Protocol):
         means the undesirable behaviour occurred. ``None`` marks a verdict the judge could not obtain.
         """
         ...
+
+
+@runtime_checkable
+class AsyncJudge(Protocol):
+    """Optional extension of ``Judge``, for a judge with latency (an LLM behind HTTP, a Ray actor): ``judge``
+    without blocking the caller, so responses can be judged while others are generated (the pipelined rubric
+    step). The future holds exactly what ``judge`` returns, or raises what it raises (retries, unknown verdicts
+    and the failure cap are the judge's own, as for ``judge``)."""
+
+    def judge_async(self, requests: Sequence[JudgeRequest]) -> Future[list[list[Verdict]]]: ...
 
 
 @runtime_checkable

@@ -31,6 +31,7 @@ What it guarantees to the judge above it:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import random
@@ -415,7 +416,11 @@ class LoopThread:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         if threading.current_thread() is self._thread:
             raise RuntimeError("LoopThread.run called from its own loop thread (would deadlock)")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        return self.submit(coro).result(timeout)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on the loop; its result (or exception) arrives in the returned future."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def stop(self) -> None:
         if self.loop.is_running():

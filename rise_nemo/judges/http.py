@@ -21,6 +21,7 @@ judge's life) and ``judge.metrics()`` (the same as ``{"judge/<name>": float}``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import time
@@ -197,6 +198,12 @@ class HttpJudge:
     # -- public API (interfaces.Judge) -------------------------------------------------------------
     def judge(self, requests: Sequence[JudgeRequest]) -> list[list[Verdict]]:
         return self._loop.run(self.ajudge(requests))
+
+    def judge_async(self, requests: Sequence[JudgeRequest]) -> concurrent.futures.Future[list[list[Verdict]]]:
+        """interfaces.AsyncJudge: ``judge`` without blocking; the verdicts (or the error ``judge`` would raise)
+        arrive in the future. Calls in flight share the client's concurrency limit, retries and failure cap."""
+        _check_requests(requests)
+        return self._loop.submit(self.ajudge(requests))
 
     async def ajudge(self, requests: Sequence[JudgeRequest]) -> list[list[Verdict]]:
         """Coroutine form of ``judge``; must run on this judge's loop (``judge`` does that for you)."""

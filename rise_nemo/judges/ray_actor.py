@@ -17,6 +17,7 @@ Ray must stay on loopback on our CI machines: set ``RAY_ENABLE_WINDOWS_OR_OSX_CL
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -92,6 +93,11 @@ class RayJudge:
 
     def judge(self, requests: Sequence[JudgeRequest]) -> list[list[Verdict]]:
         return self._ray.get(self.submit(requests), timeout=self.timeout_s)
+
+    def judge_async(self, requests: Sequence[JudgeRequest]) -> concurrent.futures.Future[list[list[Verdict]]]:
+        """interfaces.AsyncJudge: the actor's verdicts in a future (the caller bounds the wait by ``timeout_s``,
+        as ``judge`` does)."""
+        return self.submit(requests).future()
 
     @property
     def stats(self) -> JudgeStats:

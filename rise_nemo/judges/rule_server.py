@@ -5,7 +5,10 @@ fenced fields by their marker names, ignoring the tags — grades each criterion
 answers in the protocol of the prompt's mode. It exists so the real HTTP judge client can be tested and
 benchmarked over real sockets on 127.0.0.1 (tests/judges, bench/judge_throughput.py) with:
 
-- a fixed per-call latency (``latency_s``) and a concurrency high-water mark;
+- a latency model of an LLM judge: each call takes ``latency_s + latency_per_token_s * reply tokens`` (a
+  prefill-and-queue constant plus the decode time of the reply it sends, ``reply_tokens``), and at most
+  ``max_concurrency`` calls are served at once (the rest wait, as requests beyond a vLLM server's batch do);
+  a concurrency high-water mark;
 - injected faults, scripted (``script``: one fault name per incoming request, in order) or random
   (``rates``: fault name -> probability, seeded): ``500``, ``429``, ``timeout`` (sleeps ``hang_s``),
   ``malformed`` (invalid JSON), ``wrong_count`` (a batched reply missing a key / a per-criterion reply
@@ -134,6 +137,14 @@ def reference_reply(prompt: str, fault: str = "ok") -> str:
     return f"The attempt says:\n{quoted}\n{text}" if fault == "echo" else f"Checked against the reference.\n{text}"
 
 
+CHARS_PER_TOKEN = 4.0  # the usual English BPE average: what ``reply_tokens`` charges a reply in the latency model
+
+
+def reply_tokens(text: str) -> int:
+    """Output tokens an LLM judge would decode for ``text``, for the latency model (len / CHARS_PER_TOKEN)."""
+    return max(1, round(len(text) / CHARS_PER_TOKEN))
+
+
 class RuleGraderApp:
     """The aiohttp application plus its fault plan and counters (shared by thread and CLI runners)."""
 
@@ -141,6 +152,8 @@ class RuleGraderApp:
         self,
         *,
         latency_s: float = 0.0,
+        latency_per_token_s: float = 0.0,
+        max_concurrency: int | None = None,
         script: Iterable[str] = (),
         rates: Mapping[str, float] | None = None,
         seed: int = 0,
@@ -154,6 +167,14 @@ class RuleGraderApp:
         # the rule judge's reply, None for a prompt it does not know; passed in, so judges import nothing above.
         self.extra_replies = extra_replies
         self.latency_s = latency_s
+        self.latency_per_token_s = latency_per_token_s
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
+        self.max_concurrency = max_concurrency
+        self._slots: asyncio.Semaphore | None = None  # made on the server's loop (first request)
+        self.serving = 0  # calls in service (holding a slot), and their high-water mark
+        self.max_serving = 0
+        self.reply_tokens = 0  # output tokens charged by the latency model, over all replies
         self.hold_trigger = Path(hold_trigger) if hold_trigger is not None else None
         self._hold_countdown: int | None = None  # requests still answered after the trigger appeared
         self.holding = False
@@ -219,9 +240,22 @@ class RuleGraderApp:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            return await self._chat(request)
+            if self.max_concurrency is None:
+                return await self._served(request)
+            if self._slots is None:
+                self._slots = asyncio.Semaphore(self.max_concurrency)
+            async with self._slots:  # calls beyond max_concurrency wait for a slot, as in a serving engine's queue
+                return await self._served(request)
         finally:
             self.in_flight -= 1
+
+    async def _served(self, request: web.Request) -> web.StreamResponse:
+        self.serving += 1
+        self.max_serving = max(self.max_serving, self.serving)
+        try:
+            return await self._chat(request)
+        finally:
+            self.serving -= 1
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         if self.api_key is not None:
@@ -238,7 +272,7 @@ class RuleGraderApp:
         fault = self._next_fault()
         self.faults[fault] += 1
         if self.latency_s:
-            await asyncio.sleep(self.latency_s)
+            await asyncio.sleep(self.latency_s)  # the per-call constant: faults pay it too
         if fault == "timeout":
             await asyncio.sleep(self.hang_s)
         if fault == "drop":
@@ -255,20 +289,24 @@ class RuleGraderApp:
                 content = reference_reply(prompt, fault)
             except ValueError as exc:
                 return web.json_response({"error": {"message": str(exc)}}, status=400)
-            return self._reply(body, content)
+            return await self._reply(body, content)
         try:  # e.g. an evaluation suite's judge prompt (rise_nemo.evals): the rule judge's own reply
             content = self.extra_replies(prompt) if self.extra_replies is not None else None
         except ValueError as exc:
             return web.json_response({"error": {"message": str(exc)}}, status=400)
         if content is not None:
-            return self._reply(body, '{"explanation": "cut off mid-sent' if fault == "malformed" else content)
+            return await self._reply(body, '{"explanation": "cut off mid-sent' if fault == "malformed" else content)
         try:
             mode, verdicts = grade_prompt(prompt)
         except ValueError as exc:
             return web.json_response({"error": {"message": str(exc)}}, status=400)
-        return self._reply(body, self._render(mode, verdicts, fault, prompt))
+        return await self._reply(body, self._render(mode, verdicts, fault, prompt))
 
-    def _reply(self, body: dict, content: str) -> web.Response:
+    async def _reply(self, body: dict, content: str) -> web.Response:
+        if self.latency_per_token_s:
+            tokens = reply_tokens(content)
+            self.reply_tokens += tokens
+            await asyncio.sleep(self.latency_per_token_s * tokens)  # decoding the reply
         return web.json_response({
             "id": f"chatcmpl-{self.requests}",
             "object": "chat.completion",
@@ -367,6 +405,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (a cluster node's own address on Slurm)")
     p.add_argument("--latency", type=float, default=0.0, help="seconds added to every call")
+    p.add_argument("--latency-per-token", type=float, default=0.0, help="seconds per output token of a reply")
+    p.add_argument("--max-concurrency", type=int, default=None, help="calls served at once (the rest wait)")
     p.add_argument("--fault", action="append", default=[], metavar="NAME=P", help="random fault rate, repeatable")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hold-trigger", metavar="PATH", help="stop answering once PATH exists (module docstring)")
@@ -375,7 +415,9 @@ def main(argv: list[str] | None = None) -> None:
     for item in args.fault:
         name, _, prob = item.partition("=")
         rates[name] = float(prob)
-    grader = RuleGraderApp(latency_s=args.latency, rates=rates, seed=args.seed, hold_trigger=args.hold_trigger)
+    grader = RuleGraderApp(latency_s=args.latency, latency_per_token_s=args.latency_per_token,
+                           max_concurrency=args.max_concurrency, rates=rates, seed=args.seed,
+                           hold_trigger=args.hold_trigger)
 
     async def serve() -> None:
         runner = web.AppRunner(grader.app, shutdown_timeout=0.1, handler_cancellation=True, access_log=None)

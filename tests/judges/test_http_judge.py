@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -17,11 +18,11 @@ import pytest
 from judge_testlib import MODES, SECRET, expected, make_judge, small_requests
 
 from rise_nemo.core.rubric import Rubric
-from rise_nemo.interfaces import JudgeRequest
+from rise_nemo.interfaces import AsyncJudge, JudgeRequest
 from rise_nemo.judges import grading
 from rise_nemo.judges.client import JudgeInterrupted
 from rise_nemo.judges.http import JudgeError, JudgeFailureCapExceeded, build_http_judge
-from rise_nemo.judges.rule_server import RuleGraderServer
+from rise_nemo.judges.rule_server import RuleGraderServer, reply_tokens
 from rise_nemo.stopping import STOP_REQUESTED, StopInterrupted
 
 # --------------------------------------------------------------------------------------------------
@@ -333,6 +334,37 @@ def test_concurrency_limit_is_respected(server, healthbench_requests):
     with make_judge(server.url, "per_criterion", max_concurrency=3) as judge:
         judge.judge(healthbench_requests[:3])
     assert server.grader.max_in_flight == 3
+
+
+def test_judge_async_returns_what_judge_returns_without_blocking(server, healthbench_requests):
+    """Two calls in flight at once on the judge's loop (the pipelined step judges each finished response while
+    others are generated): each future holds exactly ``judge``'s verdicts; an error arrives in the future."""
+    first, second = healthbench_requests[:4], healthbench_requests[4:9]
+    with make_judge(server.url, "batched") as judge:
+        assert isinstance(judge, AsyncJudge)
+        a, b = judge.judge_async(first), judge.judge_async(second)
+        assert b.result(timeout=300) == expected(second) and a.result(timeout=300) == expected(first)
+    with make_judge(server.url, "per_criterion", max_failures=2, max_attempts=5) as judge:
+        server.grader.rates = {"500": 1.0}
+        with pytest.raises(JudgeFailureCapExceeded):
+            judge.judge_async(first[:1]).result(timeout=300)
+    with make_judge(server.url) as judge, pytest.raises(ValueError, match="judge request 0"):
+        judge.judge_async([JudgeRequest([{"role": "user"}], "x", first[0].rubric)])  # refused before any call
+
+
+def test_latency_model_serves_at_most_max_concurrency_calls_and_charges_reply_tokens(server, healthbench_requests):
+    """The rule server as a modelled LLM judge (bench/pipelined_step.py): calls beyond max_concurrency wait
+    for a slot; each reply is charged reply_tokens(reply) output tokens (no timing asserted)."""
+    server.grader.max_concurrency, server.grader.latency_per_token_s = 2, 1e-4
+    with make_judge(server.url, "per_criterion", max_concurrency=6) as judge:
+        assert judge.judge(healthbench_requests[:2]) == expected(healthbench_requests[:2])
+    grader = server.grader
+    assert grader.max_in_flight == 6 and grader.max_serving == 2
+    replies = [reply_tokens(json.dumps({"explanation": "rule grader", "criteria_met": v}))
+               for row in expected(healthbench_requests[:2]) for v in row]
+    assert grader.reply_tokens == sum(replies) and all(r > 5 for r in replies)
+    with pytest.raises(ValueError, match="max_concurrency must be >= 1"):
+        RuleGraderServer(max_concurrency=0)
 
 
 def test_least_loaded_balancing_and_dead_endpoint(healthbench_requests):

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from judge_testlib import expected, small_requests
 
-from rise_nemo.interfaces import Judge
+from rise_nemo.interfaces import AsyncJudge, Judge
 from rise_nemo.judges.http import build_http_judge
 from rise_nemo.judges.ray_actor import JudgeActor, RayJudge
 
@@ -32,9 +32,11 @@ def test_http_judge_in_ray_actor(ray_session, server):
         assert isinstance(judge, RayJudge) and isinstance(judge, Judge)
         ref = judge.submit(reqs)  # returns at once: the driver can generate while the actor judges
         assert ray_session.get(ref, timeout=WAIT_S) == expected(reqs)
+        assert isinstance(judge, AsyncJudge)
+        assert judge.judge_async(reqs).result(timeout=WAIT_S) == expected(reqs)  # a future (the pipelined step's)
         assert judge.judge(reqs) == expected(reqs)  # second time: from the actor's cache
         stats = judge.stats
-        assert stats.calls == 6 and stats.cache_hits == 15 and stats.unknown_verdicts == 0
+        assert stats.calls == 6 and stats.cache_hits == 30 and stats.unknown_verdicts == 0
         assert judge.metrics()["judge/calls"] == 6.0
         resources = judge.assigned_resources()
         assert resources.get("CPU") == 0.25 and not resources.get("GPU")
