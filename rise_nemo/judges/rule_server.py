@@ -9,8 +9,10 @@ benchmarked over real sockets on 127.0.0.1 (tests/judges, bench/judge_throughput
   prefill-and-queue constant plus the decode time of the reply it sends, ``reply_tokens``), and at most
   ``max_concurrency`` calls are served at once (the rest wait, as requests beyond a vLLM server's batch do);
   a concurrency high-water mark;
-- injected faults, scripted (``script``: one fault name per incoming request, in order) or random
-  (``rates``: fault name -> probability, seeded): ``500``, ``429``, ``timeout`` (sleeps ``hang_s``),
+- injected faults, scripted (``script``: one fault name per incoming request, in order), by content
+  (``fault_when``: regex -> fault name, for every request whose graded response matches; the same requests fail
+  whatever order they arrive in) or random (``rates``: fault name -> probability, seeded): ``500``, ``429``,
+  ``timeout`` (sleeps ``hang_s``),
   ``malformed`` (invalid JSON), ``wrong_count`` (a batched reply missing a key / a per-criterion reply
   with an extra key), ``drop`` (closes the connection without a reply), ``echo`` (quotes the graded
   response before the verdict JSON), ``bad_value`` (a verdict value outside the protocol);
@@ -155,6 +157,7 @@ class RuleGraderApp:
         latency_per_token_s: float = 0.0,
         max_concurrency: int | None = None,
         script: Iterable[str] = (),
+        fault_when: Mapping[str, str] | None = None,
         rates: Mapping[str, float] | None = None,
         seed: int = 0,
         hang_s: float = 30.0,
@@ -180,7 +183,8 @@ class RuleGraderApp:
         self.holding = False
         self.script: deque[str] = deque(script)
         self.rates = dict(rates or {})
-        for name in list(self.script) + list(self.rates):
+        self.fault_when = [(re.compile(pattern), fault) for pattern, fault in dict(fault_when or {}).items()]
+        for name in list(self.script) + list(self.rates) + [fault for _, fault in self.fault_when]:
             if name not in FAULTS:
                 raise ValueError(f"unknown fault {name!r}; expected one of {FAULTS}")
         self._rng = random.Random(seed)
@@ -198,7 +202,13 @@ class RuleGraderApp:
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_get("/health", self.health)  # vLLM's health path (the Slurm launcher polls it)
 
-    def _next_fault(self) -> str:
+    def _next_fault(self, body: dict) -> str:
+        if self.fault_when:
+            prompt = "\n".join(m.get("content", "") for m in body.get("messages", []) if m.get("role") == "user")
+            response = _field(prompt, "RESPONSE")
+            for pattern, fault in self.fault_when:
+                if response is not None and pattern.search(response.group(1)):
+                    return fault
         if self.script:
             return self.script.popleft()
         roll = self._rng.random()
@@ -269,7 +279,7 @@ class RuleGraderApp:
             self.with_response_format += 1
             if not self.supports_response_format:
                 return web.json_response({"error": {"message": "response_format is not supported"}}, status=400)
-        fault = self._next_fault()
+        fault = self._next_fault(body)
         self.faults[fault] += 1
         if self.latency_s:
             await asyncio.sleep(self.latency_s)  # the per-call constant: faults pay it too

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -123,6 +124,20 @@ def test_persistent_faults_give_unknown_never_a_guess(server, mode):
         stats = judge.stats
     assert stats.unknown_verdicts == len(rub) and stats.extra["unknown_responses"] == 1
     assert stats.extra["gave_up"] == 1 and stats.failures == 3 and stats.extra["parse_errors"] == 2
+
+
+def test_faults_by_content_hit_the_same_responses_in_any_order(server):
+    """fault_when: every call about a response matching the pattern fails (retried, then unknown), whichever order
+    the calls come in; the other responses are judged right."""
+    server.grader.fault_when = [(re.compile("surgery"), "500")]
+    reqs = small_requests()
+    with make_judge(server.url, "batched", max_attempts=3) as judge:
+        for order in (reqs, reqs[::-1]):
+            got = judge.judge(order)
+            for req, row in zip(order, got):
+                want = [None] * len(req.rubric) if "surgery" in req.response else expected([req])[0]
+                assert row == want
+        assert judge.stats.extra["retries"] > 0 and judge.stats.extra["gave_up"] > 0
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -356,10 +371,11 @@ def test_latency_model_serves_at_most_max_concurrency_calls_and_charges_reply_to
     """The rule server as a modelled LLM judge (bench/pipelined_step.py): calls beyond max_concurrency wait
     for a slot; each reply is charged reply_tokens(reply) output tokens (no timing asserted)."""
     server.grader.max_concurrency, server.grader.latency_per_token_s = 2, 1e-4
+    server.grader.latency_s = 0.1  # calls outlast their arrival gaps: some must wait for a slot
     with make_judge(server.url, "per_criterion", max_concurrency=6) as judge:
         assert judge.judge(healthbench_requests[:2]) == expected(healthbench_requests[:2])
     grader = server.grader
-    assert grader.max_in_flight == 6 and grader.max_serving == 2
+    assert grader.max_serving == 2 and 2 < grader.max_in_flight <= 6
     replies = [reply_tokens(json.dumps({"explanation": "rule grader", "criteria_met": v}))
                for row in expected(healthbench_requests[:2]) for v in row]
     assert grader.reply_tokens == sum(replies) and all(r > 5 for r in replies)
