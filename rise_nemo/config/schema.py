@@ -38,6 +38,10 @@ class SamplingCfg:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
+    # Each sample (and each hint template) drawn from its own seed instead of one random stream per generate call:
+    # its rollouts then do not depend on what else is generated with it. auto = on where the generator has no
+    # per-call stream (NeMo-RL's async vLLM engine), off on the local backend (docs/nemo_rl.md).
+    request_seeds: bool | Literal["auto"] = "auto"
 
 
 @dataclass
@@ -122,6 +126,10 @@ class RiseCfg:
     # (hint from this step's natural group, a second generate call); ``one`` = hint from the prompt's previous
     # visit, privileged rollouts in the natural call (first visits fall back to two). Off when paper_faithful.
     guidance_pass: Literal["two", "one"] = "two"
+    # Judge responses while others are generated; a prompt's privileged rollouts start once its natural group is
+    # judged (orchestration.step.pipelined_rollouts). The same batch as the sequential step. auto = on where it
+    # can overlap anything: a streaming generator and a judge with latency (HTTP, Ray); false = stage by stage.
+    pipeline: bool | Literal["auto"] = "auto"
 
 
 @dataclass

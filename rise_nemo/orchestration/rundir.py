@@ -36,6 +36,7 @@ HISTORY_DIR = "config_history"
 RESUME_SAFE_KEYS = (
     "train.steps", "train.checkpoint_every", "train.keep_checkpoints", "train.progress", "train.tensorboard",
     "train.wandb", "train.wandb_project", "train.log_samples", "eval.every", "eval.at_start", "run.dir", "run.name",
+    "rise.pipeline",  # the pipelined step trains on exactly the sequential step's batch
 )  # fmt: skip
 
 

@@ -53,6 +53,8 @@ from rise_nemo.core.schedule import GuidanceSchedule, reward_gap
 from rise_nemo.interfaces import (
     KIND_GUIDED,
     KIND_NATURAL,
+    AsyncJudge,
+    GenerationRequest,
     Generator,
     Judge,
     JudgeRequest,
@@ -62,14 +64,30 @@ from rise_nemo.interfaces import (
     Verdict,
 )
 from rise_nemo.methods import Method, register_advantage, register_loss, register_scorer, register_step
+from rise_nemo.orchestration.judged_stream import JudgedStream, generate_requests, streams_natively
 
 # Seed streams: each generate call in a step gets its own seed derived from (run seed, step, stream), so a
-# resumed run samples exactly what the uninterrupted run sampled.
-STREAM_NATURAL, STREAM_PRIVILEGED, STREAM_EVAL = 1, 2, 3
+# resumed run samples exactly what the uninterrupted run sampled. With request seeds (sampling.request_seeds) each
+# sample has its own seed instead, from (run seed, step, stream, prompt position, sample index), and so does the
+# hint template of each privileged prompt (STREAM_HINT): nothing random depends on which other requests share a
+# call or on the order requests are made in (the pipelined step makes them as prompts are judged).
+STREAM_NATURAL, STREAM_PRIVILEGED, STREAM_EVAL, STREAM_HINT = 1, 2, 3, 4
 
 
 def derive_seed(run_seed: int, step: int, stream: int) -> int:
     return (run_seed * 1_000_003 + step * 7_919 + stream * 104_729) % (2**31 - 1)
+
+
+def derive_request_seed(run_seed: int, step: int, stream: int, position: int, sample: int = 0) -> int:
+    """The seed of one request's sample: the five numbers folded through SplitMix64's finaliser (Steele, Lea &
+    Flood 2014), so nearby inputs give unrelated seeds; in [0, 2^63) (vLLM and torch take it as a seed)."""
+    z = 0
+    for part in (run_seed, step, stream, position, sample):
+        z = (z ^ (int(part) & (2**64 - 1))) * 0x9E3779B97F4A7C15 & (2**64 - 1)
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & (2**64 - 1)
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & (2**64 - 1)
+        z ^= z >> 31
+    return z >> 1
 
 
 def make_schedule(cfg: Any) -> GuidanceSchedule:
@@ -121,6 +139,8 @@ class StepContext:
     options: GuidanceOptions | None = None  # None -> from cfg.rise (guidance_options)
     gate: FailureGate | None = None  # adaptive gating state (checkpointed by the trainer)
     previous: PreviousFailures | None = None  # one-pass guidance: hints of each prompt's previous visit
+    request_seeds: bool = False  # each sample and hint template from its own seed (sampling.request_seeds)
+    pipelined: bool = False  # the rollout phase judges while it generates (rise.pipeline; pipelined_rollouts)
 
     def __post_init__(self) -> None:
         if self.options is None:
@@ -199,48 +219,12 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
     t_start = time.perf_counter()
     guided_phase = ctx.method.guidance and bool(ctx.schedule.active)
     lam = float(ctx.schedule.lambda_at(step)) if ctx.method.guidance else 0.0
-    # One-pass guidance (core.guidance rule 6): prompts seen before are hinted with their previous visit's
-    # feedback and sampled in the natural generate call; first visits take the paper's two passes below.
-    one_pass = guided_phase and ctx.previous is not None
-    early, first_visit = ctx.previous.plan([p.prompt_id for p in prompts]) if one_pass else ({}, [])
-
-    natural, early_rollouts = sample_natural_and_hinted(ctx, prompts, early, step)  # [N][G], {i: [G']}
-    nat = ctx.method.scorer_fn()(ctx, prompts, natural)  # rewards/valid [N, G]
-    nat_adv = ctx.method.advantage_fn()(ctx, nat)  # eq. 1, [N, G]
-    t_natural = time.perf_counter()
-
-    priv, targets, guide_gate_stats = None, [], {}
-    if guided_phase:
-        feedback = [feedback_indices(p, v, nat.valid[i], ctx.cfg.rise.top_m) for i, (p, v) in
-                    enumerate(zip(prompts, nat.verdicts))]  # eqs. 4-5
-        if ctx.gate is not None:
-            feedback, guide_gate_stats = gate_feedback(ctx, prompts, nat, feedback)
-        if ctx.options.privileged_budget is not None:
-            feedback, budget_stats = budget_feedback(ctx, prompts, nat, feedback)
-            guide_gate_stats.update(budget_stats)
-        if one_pass:
-            for p, ks in zip(prompts, feedback):
-                ctx.previous.record(p.prompt_id, ks)  # the next visit's hints
-            feedback = [early.get(i, []) if i not in first_visit else ks for i, ks in enumerate(feedback)]
-            guide_gate_stats["guidance/one_pass_prompts"] = len(early)
-            guide_gate_stats["guidance/two_pass_prompts"] = sum(1 for i in first_visit if feedback[i])
-        feedback = [[p.rubric.criteria[k] for k in ks] for p, ks in zip(prompts, feedback)]
-        targets = [i for i, crit in enumerate(feedback) if crit]
-        # eq. 6, judged on the ORIGINAL rubric; one-pass: only the first visits are sampled here
-        priv = sample_privileged(ctx, prompts, feedback, targets, step, early_rollouts)
-    t_priv = time.perf_counter()
-
-    samples = natural_samples(ctx, prompts, natural, nat, nat_adv)
-    guide_stats: dict[str, Any] = dict(guide_gate_stats)
-    if priv is not None and targets:
-        if ctx.method.coupled:
-            samples, coupled_stats = coupled_samples(ctx, prompts, natural, nat, priv, targets)
-            guide_stats.update(coupled_stats)
-        else:
-            guided, retention_stats = guided_samples(ctx, prompts, nat, priv, targets)  # eqs. 7-8 (+ ours)
-            guide_stats.update(retention_stats)
-            samples += guided
-
+    plan = phase_plan(ctx, prompts, guided_phase)
+    # Natural rollouts judged (eq. 3 rewards), hints (eqs. 4-5, gate), privileged rollouts judged on the ORIGINAL
+    # rubric: stage after stage, or pipelined (pipelined_rollouts); the same rollouts and verdicts either way.
+    phase = collect_rollouts(ctx, prompts, step, plan)
+    nat, priv, targets = phase.nat, phase.priv, phase.targets
+    samples, guide_stats = training_samples(ctx, prompts, phase)
     if ctx.samples_per_step:
         from rise_nemo.orchestration.samples import sample_records
 
@@ -254,12 +238,231 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
     delta_r = guidance_delta(nat, priv, targets)  # eq. 13
     if ctx.method.guidance:
         ctx.schedule.update(step, delta_r)
+    guide_stats["rollout/pipelined"] = bool(ctx.pipelined)
     return step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_metrics, guide_stats,
-                        times=(t_start, t_natural, t_priv, t_train, time.perf_counter()))
+                        times=(t_start, phase.t_natural, phase.t_priv, t_train, time.perf_counter()))
+
+
+def training_samples(ctx: StepContext, prompts: Sequence[RubricPrompt],
+                     phase: RolloutPhase) -> tuple[list[TrainSample], dict[str, Any]]:
+    """The step's training rows from its rollout phase: natural rows with eq. 1's advantages, and guided rows
+    (eqs. 7-8, our retention rules) or, for the coupled ablation, privileged rows in the natural groups."""
+    natural, nat, priv, targets = phase.natural, phase.nat, phase.priv, phase.targets
+    nat_adv = ctx.method.advantage_fn()(ctx, nat)  # eq. 1, [N, G]
+    samples = natural_samples(ctx, prompts, natural, nat, nat_adv)
+    stats: dict[str, Any] = dict(phase.stats)
+    if priv is not None and targets:
+        if ctx.method.coupled:
+            samples, coupled_stats = coupled_samples(ctx, prompts, natural, nat, priv, targets)
+            stats.update(coupled_stats)
+        else:
+            guided, retention_stats = guided_samples(ctx, prompts, nat, priv, targets)  # eqs. 7-8 (+ ours)
+            stats.update(retention_stats)
+            samples += guided
+    return samples, stats
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Stages
+# The rollout phase: natural rollouts, their verdicts, hints, privileged rollouts and theirs
+
+
+@dataclass
+class RolloutPhase:
+    """What the rollout phase hands the rest of the step (the same in both modes)."""
+
+    natural: list[list[Rollout]]  # [N][G]
+    nat: Scored
+    priv: Scored | None  # the targets' privileged rollouts, judged on the ORIGINAL rubric
+    targets: list[int]  # positions with a hint (guided phase)
+    stats: dict[str, Any]  # guidance/gated_out_prompts, budget_dropped_prompts, one_pass_prompts, two_pass_prompts
+    t_natural: float  # perf_counter when every natural verdict was in
+    t_priv: float  # ... and every privileged one
+    timings: dict[str, float] = field(default_factory=dict)  # stage seconds (sequential) / wall seconds (pipelined)
+
+
+@dataclass
+class PhasePlan:
+    """What the step decided before its rollout phase: guidance on, one-pass hints, first visits."""
+
+    guided: bool
+    one_pass: bool
+    early: dict[int, list[int]]  # position -> the previous visit's rubric indices (one-pass hints)
+    first_visit: list[int]
+
+
+def phase_plan(ctx: StepContext, prompts: Sequence[RubricPrompt], guided_phase: bool) -> PhasePlan:
+    """One-pass guidance (core.guidance rule 6): prompts seen before are hinted with their previous visit's
+    feedback and sampled in the natural generate call; first visits take the paper's two passes."""
+    one_pass = guided_phase and ctx.previous is not None
+    early, first_visit = ctx.previous.plan([p.prompt_id for p in prompts]) if one_pass else ({}, [])
+    return PhasePlan(guided_phase, one_pass, early, first_visit)
+
+
+def collect_rollouts(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int, plan: PhasePlan) -> RolloutPhase:
+    if ctx.pipelined:
+        return pipelined_rollouts(ctx, prompts, step, plan)
+    return sequential_rollouts(ctx, prompts, step, plan)
+
+
+def sequential_rollouts(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int,
+                        plan: PhasePlan) -> RolloutPhase:
+    """The stages one after the other: generate natural (+ one-pass hinted) -> judge -> hints -> generate
+    privileged -> judge."""
+    t0 = time.perf_counter()
+    natural, early_rollouts = sample_natural_and_hinted(ctx, prompts, plan.early, step)  # [N][G], {i: [G']}
+    t1 = time.perf_counter()
+    nat = ctx.method.scorer_fn()(ctx, prompts, natural)  # rewards/valid [N, G]
+    t_natural = time.perf_counter()
+    timings = {"natural_generation_s": t1 - t0, "natural_judging_s": t_natural - t1}
+    priv, targets, stats = None, [], {}
+    if plan.guided:
+        feedback = step_feedback(ctx, prompts, nat.verdicts, plan, stats)  # eqs. 4-5 (+ gate, budget, one-pass)
+        finish_feedback_stats(plan, dict(enumerate(feedback)), stats)
+        targets = [i for i, ks in enumerate(feedback) if ks]
+        criteria = {i: [prompts[i].rubric.criteria[k] for k in feedback[i]] for i in targets}
+        # eq. 6, judged on the ORIGINAL rubric; one-pass: only the first visits are sampled here
+        priv = sample_privileged(ctx, prompts, criteria, targets, step, early_rollouts, timings)
+    t_end = time.perf_counter()
+    return RolloutPhase(natural, nat, priv, targets, stats, t_natural, t_end, {**timings, "rollout_s": t_end - t0})
+
+
+def pipelined_rollouts(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int,
+                       plan: PhasePlan) -> RolloutPhase:
+    """The same rollout phase as one stream (judged_stream.JudgedStream, docs/nemo_rl.md "The step's timeline"):
+    every response is judged as soon as it is generated, a prompt's hint is picked as soon as its natural group is
+    judged, and its privileged request goes to the generator at once, while other prompts are still generated or
+    judged. The result is sequential_rollouts', exactly: the same generate calls slot for slot, the same judge
+    requests, and the same order for everything that draws from or updates the step's state. With request seeds
+    every sample and hint template has its own seed, so prompts are decided as they are judged; without them
+    (one random stream per call, templates from the step's RNG) in position order; always in position order within
+    a prompt id (the gate's EMA and one-pass hints are per prompt id). The privileged budget ranks every prompt:
+    with it, hints are picked once all natural groups are judged (responses are still judged as generated)."""
+    t0 = time.perf_counter()
+    n, g_priv = len(prompts), privileged_group_size(ctx.cfg)
+
+    def judge_request(group: tuple[str, int], rollout: Rollout) -> JudgeRequest:
+        prompt = prompts[group[1]]  # the ORIGINAL conversation, never a hint (as judge_groups)
+        return JudgeRequest(list(prompt.messages), rollout.response_text, prompt.rubric, prompt.prompt_id)
+
+    stream = JudgedStream(ctx.generator, ctx.judge, judge_request)
+    natural = natural_requests(ctx, prompts, step)
+    per_prompt = len(natural) // n  # 1 request of G samples, or G requests of one (RuscaRL)
+    for i in range(n):
+        stream.add_group(("nat", i), int(ctx.cfg.sampling.group_size))
+    order = sorted(plan.early)
+    hinted = hinted_requests(ctx, prompts, {i: [prompts[i].rubric.criteria[k] for k in plan.early[i]] for i in order},
+                             order, step)
+    call = stream.call("natural", len(natural) + len(hinted), sampling_params(ctx.cfg, step, STREAM_NATURAL))
+    for slot, request in enumerate(natural):
+        call.put(slot, request, ("nat", slot // per_prompt), first=slot % per_prompt if per_prompt > 1 else 0)
+    for k, (i, request) in enumerate(zip(order, hinted)):
+        stream.add_group(("priv", i), g_priv)
+        call.put(len(natural) + k, request, ("priv", i))
+    privileged = stream.call("privileged", n, sampling_params(ctx.cfg, step, STREAM_PRIVILEGED)) if plan.guided else None
+    decided: dict[int, list[int]] = {}
+    stats: dict[str, Any] = {}
+    t_natural: list[float] = []
+
+    def nat_verdicts(i: int) -> list[list[Verdict]]:
+        return stream.groups[("nat", i)].verdicts  # type: ignore[return-value]
+
+    def send(i: int, chosen: list[int]) -> None:
+        decided[i] = chosen
+        if not chosen or ("priv", i) in stream.groups:  # no hint, or sampled with the natural call (one-pass)
+            privileged.skip(i)
+            return
+        (request,) = hinted_requests(ctx, prompts, {i: [prompts[i].rubric.criteria[k] for k in chosen]}, [i], step)
+        stream.add_group(("priv", i), g_priv)
+        privileged.put(i, request, ("priv", i))
+
+    def on_judged(group: tuple[str, int]) -> None:
+        if group[0] != "nat":
+            return
+        all_judged = all(stream.groups[("nat", i)].judged for i in range(n))
+        if all_judged and not t_natural:
+            t_natural.append(time.perf_counter())
+        if not plan.guided or len(decided) == n:
+            return
+        if ctx.options.privileged_budget is not None:
+            if all_judged:
+                for i, chosen in enumerate(step_feedback(ctx, prompts, [nat_verdicts(i) for i in range(n)], plan,
+                                                         stats)):
+                    send(i, chosen)
+            return
+        for i in range(n):
+            if i in decided:
+                continue
+            pid = prompts[i].prompt_id
+            if stream.groups[("nat", i)].judged and all(k in decided for k in range(i) if prompts[k].prompt_id == pid):
+                send(i, prompt_feedback(ctx, prompts[i], nat_verdicts(i), plan, i, stats))
+            elif not ctx.request_seeds:
+                return  # one random stream per call: prompts are decided in position order
+
+    def done() -> bool:
+        return all(grp.judged for grp in stream.groups.values()) and (not plan.guided or len(decided) == n)
+
+    stream.run(on_judged, done)
+    nat = score_groups(ctx, prompts, [list(stream.groups[("nat", i)].rollouts) for i in range(n)],
+                       [nat_verdicts(i) for i in range(n)])
+    targets = [i for i in range(n) if decided.get(i)]
+    priv = None
+    if targets:
+        groups = [stream.groups[("priv", i)] for i in targets]
+        priv = score_groups(ctx, [prompts[i] for i in targets], [list(grp.rollouts) for grp in groups],
+                            [list(grp.verdicts) for grp in groups])
+    if plan.guided:
+        finish_feedback_stats(plan, decided, stats)
+    t_end = time.perf_counter()
+    return RolloutPhase(nat.rollouts, nat, priv, targets, stats, t_natural[0] if t_natural else t_end, t_end,
+                        {"rollout_s": t_end - t0, "judge_calls": float(stream.judge_calls)})
+
+
+def sample_seeds(ctx: StepContext, step: int, stream: int, position: int, n: int) -> tuple[int, ...] | None:
+    """Request seeds of a request's n samples, or None (the call's random stream)."""
+    if not ctx.request_seeds:
+        return None
+    run_seed = int(ctx.cfg.run.seed)
+    return tuple(derive_request_seed(run_seed, step, stream, position, j) for j in range(n))
+
+
+def template_rng(ctx: StepContext, step: int, position: int) -> random.Random:
+    """The RNG that picks the hint template of the prompt at ``position`` (eq. 6): the step's own RNG in call
+    order, or one seeded for this prompt with request seeds."""
+    if not ctx.request_seeds:
+        return ctx.rng
+    return random.Random(derive_request_seed(int(ctx.cfg.run.seed), step, STREAM_HINT, position))
+
+
+def natural_requests(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> list[GenerationRequest]:
+    """G rollouts per prompt under the original conversation; RuscaRL: G single requests per prompt, each under its
+    own scaffold (drawn here, in position order, from the step's RNG)."""
+    g = int(ctx.cfg.sampling.group_size)
+    if not ctx.method.ruscarl:
+        return [GenerationRequest(list(p.messages), g, sample_seeds(ctx, step, STREAM_NATURAL, i, g))
+                for i, p in enumerate(prompts)]
+    progress = (step - 1) / max(1, ctx.total_steps)  # x in [0, 1): training progress of phi(x)
+    out = []
+    for i, p in enumerate(prompts):
+        criteria = list(p.rubric.criteria)
+        seeds = sample_seeds(ctx, step, STREAM_NATURAL, i, g)
+        for j in range(g):
+            n_shown = ruscarl_num_scaffold(
+                len(criteria), j, g, progress, alpha=float(ctx.cfg.ruscarl.alpha), t0=float(ctx.cfg.ruscarl.t0)
+            )
+            out.append(GenerationRequest(build_ruscarl_prompt(list(p.messages), criteria, ctx.rng, num=n_shown), 1,
+                                         None if seeds is None else (seeds[j],)))
+    return out
+
+
+def hinted_requests(ctx: StepContext, prompts: Sequence[RubricPrompt], feedback: Any, positions: Sequence[int],
+                    step: int) -> list[GenerationRequest]:
+    """Eq. 6 for each position: G' rollouts under its conversation with a hint naming ``feedback[i]``."""
+    g_priv = privileged_group_size(ctx.cfg)
+    templates = hint_templates(hint_style(ctx.cfg))
+    return [GenerationRequest(build_privileged_prompt(list(prompts[i].messages), feedback[i],
+                                                      template_rng(ctx, step, i), templates),
+                              g_priv, sample_seeds(ctx, step, STREAM_PRIVILEGED, i, g_priv))
+            for i in positions]
 
 
 def sampling_params(cfg: Any, step: int, stream: int) -> SamplingParams:
@@ -277,47 +480,16 @@ def sample_natural_and_hinted(
     """The natural rollouts and, for one-pass guidance, the privileged rollouts of the prompts in ``hints``
     (position -> rubric indices of the previous visit's feedback) in the SAME generate call (on NeMo-RL: one
     vLLM request batch). Returns ([N][G] natural, {position: G' privileged})."""
-    if not hints:
-        return sample_natural(ctx, prompts, step), {}
-    g, g_priv = int(ctx.cfg.sampling.group_size), privileged_group_size(ctx.cfg)
+    natural = natural_requests(ctx, prompts, step)
     order = sorted(hints)
-    hinted = hinted_prompts(ctx, prompts, {i: [prompts[i].rubric.criteria[k] for k in hints[i]] for i in order}, order)
-    groups = generate_groups(ctx.generator, [(list(p.messages), g) for p in prompts] + [(h, g_priv) for h in hinted],
-                             sampling_params(ctx.cfg, step, STREAM_NATURAL))
-    return groups[: len(prompts)], dict(zip(order, groups[len(prompts):]))
-
-
-def generate_groups(generator: Generator, requests: Sequence[tuple[list[dict], int]],
-                    params: SamplingParams) -> list[list[Rollout]]:
-    """ONE generate call for (conversation, n) requests whose n may differ: [len(requests)][n]."""
-    sizes = {n for _, n in requests}
-    if len(sizes) == 1:
-        return generator.generate([c for c, _ in requests], sizes.pop(), params)
-    flat = generator.generate([c for c, n in requests for _ in range(n)], 1, params)
-    out, pos = [], 0
-    for _, n in requests:
-        out.append([row[0] for row in flat[pos : pos + n]])
-        pos += n
-    return out
-
-
-def sample_natural(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> list[list[Rollout]]:
-    """G rollouts per prompt under the original conversation (RuscaRL: under per-sample scaffolds)."""
-    g = int(ctx.cfg.sampling.group_size)
-    params = sampling_params(ctx.cfg, step, STREAM_NATURAL)
-    if not ctx.method.ruscarl:
-        return ctx.generator.generate([list(p.messages) for p in prompts], g, params)
-    progress = (step - 1) / max(1, ctx.total_steps)  # x in [0, 1): training progress of phi(x)
-    scaffolds = []
-    for p in prompts:
-        criteria = list(p.rubric.criteria)
-        for i in range(g):
-            n_shown = ruscarl_num_scaffold(
-                len(criteria), i, g, progress, alpha=float(ctx.cfg.ruscarl.alpha), t0=float(ctx.cfg.ruscarl.t0)
-            )
-            scaffolds.append(build_ruscarl_prompt(list(p.messages), criteria, ctx.rng, num=n_shown))
-    flat = ctx.generator.generate(scaffolds, 1, params)  # [N*G][1]
-    return [[flat[n * g + i][0] for i in range(g)] for n in range(len(prompts))]
+    hinted = hinted_requests(ctx, prompts, {i: [prompts[i].rubric.criteria[k] for k in hints[i]] for i in order},
+                             order, step)
+    groups = generate_requests(ctx.generator, natural + hinted, sampling_params(ctx.cfg, step, STREAM_NATURAL))
+    nat, early = groups[: len(natural)], dict(zip(order, groups[len(natural):]))
+    if len(natural) == len(prompts):
+        return nat, early
+    g = len(natural) // len(prompts)  # RuscaRL: one single-sample request per scaffolded rollout
+    return [[nat[i * g + j][0] for j in range(g)] for i in range(len(prompts))], early
 
 
 @register_scorer("rubric_judge")
@@ -325,7 +497,12 @@ def judge_and_score(
     ctx: StepContext, prompts: Sequence[RubricPrompt], groups: Sequence[Sequence[Rollout]]
 ) -> Scored:
     """Judge every response against its prompt's full rubric in the ORIGINAL conversation; eq. 3 rewards."""
-    verdicts = judge_groups(ctx.judge, prompts, groups)
+    return score_groups(ctx, prompts, groups, judge_groups(ctx.judge, prompts, groups))
+
+
+def score_groups(ctx: StepContext, prompts: Sequence[RubricPrompt], groups: Sequence[Sequence[Rollout]],
+                 verdicts: list[list[list[Verdict]]]) -> Scored:
+    """Eq. 3 rewards (+ the overlong penalty) of judged groups; a response with an unknown verdict is invalid."""
     n, g = len(groups), max((len(x) for x in groups), default=0)
     rewards = torch.zeros(n, g)
     valid = torch.zeros(n, g, dtype=torch.bool)
@@ -399,28 +576,60 @@ def verdict_matrix(verdicts: Sequence[Sequence[Verdict]]) -> torch.Tensor:
     return torch.tensor([[bool(v) for v in row] for row in verdicts], dtype=torch.bool)
 
 
-def gate_feedback(
-    ctx: StepContext, prompts: Sequence[RubricPrompt], nat: Scored, feedback: list[list[int]]
-) -> tuple[list[list[int]], dict[str, Any]]:
-    """Adaptive gating (core.guidance.FailureGate): fold this visit's per-criterion failure shares into
-    each prompt's EMA and keep only the feedback criteria whose EMA passes the threshold."""
-    out, gated_out = [], 0
-    for i, (prompt, chosen) in enumerate(zip(prompts, feedback)):
-        z = valid_verdicts(nat.verdicts[i], nat.valid[i])
-        if z.shape[0] == 0:
-            out.append([])
-            continue
-        share = failure_matrix(z, prompt.rubric.weights).float().mean(0)  # [K]
-        ema = ctx.gate.update(prompt.prompt_id, share.tolist())
-        kept = ctx.gate.passes(ema, chosen)
-        gated_out += bool(chosen) and not kept
-        out.append(kept)
-    return out, {"guidance/gated_out_prompts": gated_out}
+def verdict_validity(verdicts: Sequence[Sequence[Verdict]]) -> torch.Tensor:
+    """bool [G]: the responses whose every verdict is known (score_groups' valid row)."""
+    return torch.tensor([all(v is not None for v in row) for row in verdicts], dtype=torch.bool)
 
 
-def budget_feedback(
-    ctx: StepContext, prompts: Sequence[RubricPrompt], nat: Scored, feedback: list[list[int]]
-) -> tuple[list[list[int]], dict[str, Any]]:
+def prompt_feedback(ctx: StepContext, prompt: RubricPrompt, verdicts: Sequence[Sequence[Verdict]], plan: Any,
+                    position: int, stats: dict[str, Any]) -> list[int]:
+    """One prompt's hint, rubric indices (empty: no privileged rollouts): eqs. 4-5 over its natural group, the
+    gate, and for one-pass guidance the previous visit's hint (this visit's is recorded for the next one). Updates
+    the gate's and one-pass guidance's state: call it for the prompts of a step in position order within a prompt
+    id (a prompt id may come twice in one step)."""
+    chosen = gated(ctx, prompt, verdicts, feedback_indices(prompt, list(verdicts), verdict_validity(verdicts),
+                                                           ctx.cfg.rise.top_m), stats)
+    if not plan.one_pass:
+        return chosen
+    ctx.previous.record(prompt.prompt_id, chosen)  # the next visit's hints
+    return chosen if position in plan.first_visit else list(plan.early.get(position, []))
+
+
+def gated(ctx: StepContext, prompt: RubricPrompt, verdicts: Sequence[Sequence[Verdict]], chosen: list[int],
+          stats: dict[str, Any]) -> list[int]:
+    """Adaptive gating (core.guidance.FailureGate): fold this visit's per-criterion failure shares into the
+    prompt's EMA and keep only the feedback criteria whose EMA passes the threshold."""
+    if ctx.gate is None:
+        return chosen
+    stats.setdefault("guidance/gated_out_prompts", 0)
+    z = valid_verdicts(verdicts, verdict_validity(verdicts))
+    if z.shape[0] == 0:
+        return []
+    share = failure_matrix(z, prompt.rubric.weights).float().mean(0)  # [K]
+    ema = ctx.gate.update(prompt.prompt_id, share.tolist())
+    kept = ctx.gate.passes(ema, chosen)
+    stats["guidance/gated_out_prompts"] += bool(chosen) and not kept
+    return kept
+
+
+def step_feedback(ctx: StepContext, prompts: Sequence[RubricPrompt], verdicts: Sequence[Sequence[Sequence[Verdict]]],
+                  plan: Any, stats: dict[str, Any]) -> list[list[int]]:
+    """Every prompt's hint (prompt_feedback in position order), then the privileged budget, which ranks them all."""
+    if ctx.options.privileged_budget is None:
+        return [prompt_feedback(ctx, p, v, plan, i, stats) for i, (p, v) in enumerate(zip(prompts, verdicts))]
+    feedback = [gated(ctx, p, v, feedback_indices(p, list(v), verdict_validity(v), ctx.cfg.rise.top_m), stats)
+                for p, v in zip(prompts, verdicts)]  # one-pass guidance does not combine with the budget
+    return budget_feedback(ctx, prompts, verdicts, feedback, stats)
+
+
+def finish_feedback_stats(plan: Any, feedback: dict[int, list[int]], stats: dict[str, Any]) -> None:
+    if plan.one_pass:
+        stats["guidance/one_pass_prompts"] = len(plan.early)
+        stats["guidance/two_pass_prompts"] = sum(1 for i in plan.first_visit if feedback.get(i))
+
+
+def budget_feedback(ctx: StepContext, prompts: Sequence[RubricPrompt], verdicts: Sequence[Sequence[Sequence[Verdict]]],
+                    feedback: list[list[int]], stats: dict[str, Any]) -> list[list[int]]:
     """Privileged budget (core.guidance.budget_targets): the prompts whose hinted criteria fail most keep
     their feedback; the others get none this step. Priority: the gate's EMA when it is on, else the
     current group's failure share, of the prompt's most-failed hinted criterion."""
@@ -431,14 +640,15 @@ def budget_feedback(
         if ctx.gate is not None:
             share = ctx.gate.values[prompt.prompt_id]
         else:
-            share = failure_matrix(valid_verdicts(nat.verdicts[i], nat.valid[i]), prompt.rubric.weights).float().mean(0).tolist()
+            z = valid_verdicts(verdicts[i], verdict_validity(verdicts[i]))
+            share = failure_matrix(z, prompt.rubric.weights).float().mean(0).tolist()
         candidates.append(i)
         priorities.append(max(share[k] for k in chosen))
     g_priv = privileged_group_size(ctx.cfg)
-    kept = {candidates[j] for j in budget_targets(priorities, int(nat.rewards.numel()), g_priv,
-                                                  ctx.options.privileged_budget)}
-    out = [chosen if i in kept else [] for i, chosen in enumerate(feedback)]
-    return out, {"guidance/budget_dropped_prompts": len(candidates) - len(kept)}
+    natural_rollouts = len(prompts) * max((len(v) for v in verdicts), default=0)
+    kept = {candidates[j] for j in budget_targets(priorities, natural_rollouts, g_priv, ctx.options.privileged_budget)}
+    stats["guidance/budget_dropped_prompts"] = len(candidates) - len(kept)
+    return [chosen if i in kept else [] for i, chosen in enumerate(feedback)]
 
 
 def privileged_group_size(cfg: Any) -> int:
@@ -446,16 +656,9 @@ def privileged_group_size(cfg: Any) -> int:
     return int(cfg.rise.privileged_group_size or cfg.sampling.group_size)
 
 
-def hinted_prompts(ctx: StepContext, prompts: Sequence[RubricPrompt], feedback: Any, targets: Sequence[int]
-                   ) -> list[list[dict]]:
-    """Eq. 6 for each target: its conversation with a hint naming ``feedback[i]`` (a random template)."""
-    templates = hint_templates(hint_style(ctx.cfg))
-    return [build_privileged_prompt(list(prompts[i].messages), feedback[i], ctx.rng, templates) for i in targets]
-
-
 def sample_privileged(
-    ctx: StepContext, prompts: Sequence[RubricPrompt], feedback: list[list[Criterion]], targets: list[int], step: int,
-    sampled: dict[int, list[Rollout]] | None = None,
+    ctx: StepContext, prompts: Sequence[RubricPrompt], feedback: dict[int, list[Criterion]], targets: list[int],
+    step: int, sampled: dict[int, list[Rollout]] | None = None, timings: dict[str, float] | None = None,
 ) -> Scored | None:
     """G' rollouts per target prompt under its privileged prompt (eq. 6), judged on the ORIGINAL rubric.
     ``sampled``: targets whose privileged rollouts one-pass guidance already drew with the natural ones."""
@@ -463,11 +666,16 @@ def sample_privileged(
         return None
     sampled = sampled or {}
     rest = [i for i in targets if i not in sampled]
+    t0 = time.perf_counter()
     if rest:
-        rollouts = ctx.generator.generate(hinted_prompts(ctx, prompts, feedback, rest), privileged_group_size(ctx.cfg),
-                                          sampling_params(ctx.cfg, step, STREAM_PRIVILEGED))
+        rollouts = generate_requests(ctx.generator, hinted_requests(ctx, prompts, feedback, rest, step),
+                                     sampling_params(ctx.cfg, step, STREAM_PRIVILEGED))
         sampled = {**sampled, **dict(zip(rest, rollouts))}
-    return judge_and_score(ctx, [prompts[i] for i in targets], [sampled[i] for i in targets])
+    t1 = time.perf_counter()
+    scored = judge_and_score(ctx, [prompts[i] for i in targets], [sampled[i] for i in targets])
+    if timings is not None:
+        timings.update(privileged_generation_s=t1 - t0, privileged_judging_s=time.perf_counter() - t1)
+    return scored
 
 
 def natural_samples(
@@ -714,6 +922,33 @@ def step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_
     return metrics
 
 
+def request_seeding(cfg: Any, generator: Generator) -> bool:
+    """``sampling.request_seeds``: true / false, or auto = what the generator asks for (``seeds_per_request``: NeMo-RL's
+    async vLLM engine, whose continuous batching has no per-call random stream); the local backend keeps one
+    stream per call (its samples are those of every earlier release)."""
+    mode = cfg.sampling.request_seeds
+    if mode == "auto":
+        return bool(getattr(generator, "seeds_per_request", False))
+    return bool(mode)
+
+
+def pipelining(cfg: Any, method: Method, generator: Generator, judge: Judge) -> bool:
+    """``rise.pipeline``: true / false, or auto = where judging can overlap generation: a generator that streams
+    (local backend; NeMo-RL's async vLLM engine) and a judge with latency that does not block (an HTTP or Ray
+    judge, interfaces.AsyncJudge). The in-process rule judge answers at once: nothing to overlap."""
+    mode = cfg.rise.pipeline
+    if mode is False:
+        return False
+    if method.scorer != "rubric_judge":
+        if mode is True:
+            from rise_nemo.config import ConfigError
+
+            raise ConfigError(f"config key 'rise.pipeline': method {method.name!r} scores with {method.scorer!r}; the "
+                              "pipelined step streams responses to the rubric judge (set rise.pipeline=false)")
+        return False
+    return mode is True or (streams_natively(generator) and isinstance(judge, AsyncJudge))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The training step of the rubric methods (rise_nemo.methods.register_step)
 
@@ -731,7 +966,9 @@ class RubricStep:
     def build_context(method: Method, run: Any) -> StepContext:
         return StepContext(cfg=run.cfg, policy=run.policy, generator=run.generator, judge=run.judge,
                            schedule=make_schedule(run.cfg), rng=run.rng, method=method, total_steps=run.total_steps,
-                           pad_id=run.pad_id, samples_per_step=run.samples_per_step)
+                           pad_id=run.pad_id, samples_per_step=run.samples_per_step,
+                           request_seeds=request_seeding(run.cfg, run.generator),
+                           pipelined=pipelining(run.cfg, method, run.generator, run.judge))
 
     @staticmethod
     def progress_keys(method: Method) -> tuple[tuple[str, str], ...]:

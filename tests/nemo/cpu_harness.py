@@ -63,7 +63,11 @@ def unpatch_driver(previous: str) -> None:
 
 def write_worker_sitecustomize(directory: Path) -> Path:
     """A ``sitecustomize.py`` for the Ray workers: the venv's typing fix (nemo_venv.SITECUSTOMIZE, which a
-    sitecustomize earlier on PYTHONPATH would otherwise shadow) and then ``patch_worker()``."""
+    sitecustomize earlier on PYTHONPATH would otherwise shadow) and then ``patch_worker()``, right after the process
+    first imports torch: Ray's own Python processes (dashboard and runtime-env agents, log monitor) never import it,
+    and importing it in each of them delayed the agents past the 30 s the raylet waits for their port files
+    (node_manager.cc: "Timed out waiting for file .../dashboard_agent_listen_port_*", the head dies) on a loaded
+    2-core machine."""
     import nemo_venv
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -74,7 +78,7 @@ def write_worker_sitecustomize(directory: Path) -> Path:
         + f"if _os.environ.get({ENV_FLAG!r}) == '1':\n"
         + f"    sys.path.insert(0, {str(HERE)!r})\n"
         + "    import cpu_harness\n"
-        + "    cpu_harness.patch_worker()\n"
+        + "    cpu_harness.after_import('torch', lambda _torch: cpu_harness.patch_worker())\n"
     )
     return target
 

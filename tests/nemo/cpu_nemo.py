@@ -193,6 +193,24 @@ class CpuVllm:
     def generate(self, data, greedy=False):
         self.events.append("vllm.generate")
         assert self.awake, "generate outside prepare_for_generation/finish_generation"
+        return self._outputs(data, greedy, self.gen)
+
+    async def generate_async(self, data, greedy=False):
+        """VllmGeneration.generate_async (async engine): ONE sample per call (vllm_generation.py:756-760), yielded as
+        (index, output); a request with a seed (rise_nemo's seeded worker, column ``sampling_seed``) samples from
+        its own generator, as vLLM does for SamplingParams.seed."""
+        import asyncio
+
+        assert self.awake, "generate_async outside prepare_for_generation/finish_generation"
+        assert data["input_ids"].shape[0] == 1, "generate_async is restricted to handle only single samples"
+        self.events.append("vllm.generate_async")
+        seed = data.get("sampling_seed")
+        gen = torch.Generator().manual_seed(int(seed[0])) if seed is not None else self.gen
+        await asyncio.sleep(0)
+        with torch.no_grad():
+            yield 0, self._outputs(data, greedy, gen)
+
+    def _outputs(self, data, greedy, gen):
         ids, lens = data["input_ids"], data["input_lengths"]
         rows = []
         for i in range(ids.shape[0]):
@@ -200,7 +218,7 @@ class CpuVllm:
             resp, lps, last = [], [], prompt[-1]
             for _ in range(self.max_new_tokens):
                 logp = torch.log_softmax(self.model.table[last], -1)
-                tok = int(logp.argmax()) if greedy else int(torch.multinomial(logp.exp(), 1, generator=self.gen))
+                tok = int(logp.argmax()) if greedy else int(torch.multinomial(logp.exp(), 1, generator=gen))
                 resp.append(tok)
                 lps.append(float(logp[tok]))
                 last = tok
@@ -321,11 +339,12 @@ def make_refit(events: list):
     return refit
 
 
-def master_config(max_new_tokens: int, mbs: int = 2) -> dict:
+def master_config(max_new_tokens: int, mbs: int = 2, async_engine: bool = False) -> dict:
     return {"policy": {
         "train_micro_batch_size": mbs, "logprob_batch_size": mbs, "make_sequence_length_divisible_by": 4,
         "train_global_batch_size": 32,
         "tokenizer": {"name": "word-level"},
         "generation": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": max_new_tokens,
-                       "colocated": {"enabled": True}, "stop_token_ids": None},
+                       "colocated": {"enabled": True}, "stop_token_ids": None,
+                       "vllm_cfg": {"async_engine": async_engine}},
     }}

@@ -35,12 +35,13 @@ torch.set_num_threads(1)
 MAX_NEW = 10
 
 
-def make_backend(dp=2, mbs=2, behaviour_ratio=False):
+def make_backend(dp=2, mbs=2, behaviour_ratio=False, async_engine=False):
     events: list[str] = []
     tok = make_tokenizer()
     policy = CpuMegatronPolicy(len(tok), dp, events)
     vllm = CpuVllm(len(tok), MAX_NEW, tok.pad_token_id, tok.eos_token_id, events)
-    session = NemoSession(policy, vllm, tok, master_config(MAX_NEW, mbs), refit=make_refit(events), to_batched=dict)
+    session = NemoSession(policy, vllm, tok, master_config(MAX_NEW, mbs, async_engine), refit=make_refit(events),
+                          to_batched=dict)
     return NemoPolicy(session, behaviour_ratio), NemoGenerator(session), events, policy, vllm
 
 
@@ -380,3 +381,56 @@ def test_embedded_warm_start_is_local_only_and_can_be_turned_off(tmp_path):
         warm_start_policy(config_from_dict(tree), policy, generator, progress=False)
     tree["data"]["warm_start"] = {"enabled": False}
     assert warm_start_policy(config_from_dict(tree), policy, generator, progress=False) is None
+
+
+def _tokens(groups):
+    return [[r.response_token_ids for r in g] for g in groups]
+
+
+def test_async_engine_streams_seeded_samples_whatever_they_are_batched_with():
+    """vllm_cfg.async_engine: NemoGenerator streams through generate_async (one sample per call) and passes each
+    request's seed; a seeded sample is the same in any call, order or grouping; the synchronous engine refuses
+    seeds with the key to set (its one generate call cannot take them)."""
+    from rise_nemo.interfaces import StreamingGenerator
+
+    _, generator, events, _, _ = make_backend(async_engine=True)
+    assert isinstance(generator, StreamingGenerator) and generator.streams and generator.seeds_per_request
+    prompts = [list(p.messages) for p in make_prompts(3)]
+    params = SamplingParams(max_new_tokens=MAX_NEW)
+    seeds = [[10 * i + j for j in range(2)] for i in range(3)]
+    together = generator.generate(prompts, 2, params, seeds=seeds)
+    alone = [generator.generate([p], 2, params, seeds=[s])[0] for p, s in zip(prompts, seeds)]
+    reversed_ = generator.generate(prompts[::-1], 2, params, seeds=seeds[::-1])[::-1]
+    assert _tokens(together) == _tokens(alone) == _tokens(reversed_)
+    assert events.count("vllm.generate_async") == 3 * 3 * 2 and "vllm.generate" not in events
+    assert events.count("refit") == 1  # one generation window for every call until training
+    _, sync, *_ = make_backend()
+    assert not sync.streams
+    with pytest.raises(ValueError, match=r"vllm_cfg\.async_engine: true"):
+        sync.generate(prompts, 2, params, seeds=seeds)
+
+
+@pytest.mark.parametrize("method", ["rise", "ruscarl"])
+def test_pipelined_step_on_the_async_engine_trains_on_the_sequential_batch(tmp_path, method):
+    """The rubric step on the nemo backend's async engine, stage by stage and pipelined (rise.pipeline): request
+    seeds are on (auto), and every batch handed to NeMo-RL's train is the same."""
+    batches = {}
+    for mode in ("false", "true"):
+        policy, generator, events, cpu_policy, _ = make_backend(async_engine=True)
+        seen = []
+        train = cpu_policy.train
+
+        def recording(data, loss_fn, *args, _train=train, _seen=seen, **kwargs):
+            _seen.append({k: v.clone() for k, v in data.items() if isinstance(v, torch.Tensor)})
+            return _train(data, loss_fn, *args, **kwargs)
+
+        cpu_policy.train = recording
+        cfg = config_from_dict(recipe(tmp_path / mode, method), [f"rise.pipeline={mode}"])
+        trainer = Trainer(cfg, policy, generator, build_judge(cfg.judge), make_prompts(6), make_prompts(2, 6),
+                          run_dir=tmp_path / mode)
+        assert trainer.run() == 0
+        assert trainer.ctx.request_seeds and trainer.ctx.pipelined == (mode == "true")
+        batches[mode] = seen
+    assert len(batches["false"]) == len(batches["true"]) == 3
+    for a, b in zip(batches["false"], batches["true"]):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -233,6 +233,28 @@ def test_rise_rl_step_checkpoint_resume_eval(nemo_env, tiny_model, tmp_path):
     assert report["step"] == 2 and report["num_responses"] == 4 and 0.0 <= report["reward_mean"] <= 1.0, report
 
 
+def test_pipelined_rise_step_on_the_async_vllm_engine(nemo_env, tiny_model, tmp_path):
+    """One RISE-RL step judged while it generates (rise.pipeline) on NeMo-RL's async vLLM engine
+    (vllm_cfg.async_engine: VllmGeneration.generate_async, one sample per call, through rise_nemo's seeded worker,
+    rise_nemo.backends.nemo.vllm_seeds): natural and guided rows in one train call, the refit into the async engine
+    checked as for the synchronous one (vLLM's log-probs of its tokens = the policy worker's)."""
+    run_dir = tmp_path / "run"
+    tree = _common(run_dir, tiny_model, steps=1)
+    tree["rise"] = {"privileged_group_size": 8, "lambda_guide": 0.2, "pipeline": True,
+                    "schedule": {"mode": "fixed", "switch_step": 50}}
+    tree["data"] = {"source": "jsonl", "format": "auto",
+                    "train_path": write_jsonl(tmp_path / "train.jsonl", random_model_prompts(4)),
+                    "eval_path": write_jsonl(tmp_path / "eval.jsonl", random_model_prompts(2, 4))}
+    tree["nemo"]["plan"]["judge"] = {"nodes": 0}
+    tree["nemo"]["policy"]["generation"]["vllm_cfg"]["async_engine"] = True
+    _run(nemo_env, tmp_path, "train", "--config", str(cpu_recipe(tmp_path, "rise_4b", tree)), "judge={type: rule}")
+    (m,) = _metrics(run_dir)
+    assert m["rollout/pipelined"] is True, m
+    assert m["guidance/privileged_rollouts"] > 0 and m["batch/guided_rows"] > 0, m
+    assert m["nemo/train_rows"] == 2 * 4 + m["batch/guided_rows"], m
+    assert m["nemo/sampler_logprob_abs_err"] < 1e-4, m
+
+
 def test_sparse_grpo_math_step(nemo_env, tiny_model, tmp_path):
     """The sparse-reward GRPO math recipe (recipes/grpo_math_qwen3_4b.yaml) for one step on real MATH rows:
     math-verify rewards, token advantages, one NeMo-RL train call."""

@@ -124,10 +124,10 @@ def _broken(name: str, mutate) -> dict:
     (lambda t: t.__setitem__("nemo", {}), "recipe key nemo: missing or empty"),
     (lambda t: t["nemo"]["policy"]["generation"]["vllm_cfg"].__setitem__("kv_cache_dtype", "fp8"),
      "kv_cache_dtype: fp8 KV cache is not supported"),
-    # NeMo-RL v0.7.0 builds VllmAsyncGenerationWorker for async_engine
-    # (vllm_generation.py:188-189), whose self.llm stays None, so the sync generate asserts (vllm_worker.py:681).
-    (lambda t: t["nemo"]["policy"]["generation"]["vllm_cfg"].__setitem__("async_engine", True),
-     "nemo.policy.generation.vllm_cfg.async_engine: must be false"),
+    # the async engine seeds every request through our worker; NeMo-RL's ModelOpt worker (quant_cfg) cannot
+    (lambda t: t["nemo"]["policy"]["generation"]["vllm_cfg"].__setitem__("async_engine", True)
+     or t["nemo"]["policy"]["generation"].__setitem__("quant_cfg", {"algorithm": "fp8"}),
+     "nemo.policy.generation.vllm_cfg.async_engine and nemo.policy.generation.quant_cfg"),
 ])
 def test_broken_nemo_block_fails_with_the_key(mutate, fragment):
     with pytest.raises(NemoConfigError, match=fragment.replace(".", r"\.").replace("(", r"\(")):

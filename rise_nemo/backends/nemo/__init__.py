@@ -12,6 +12,7 @@ Modules (NeMo-RL is imported lazily, inside functions, except in ``env_actor``):
   batch        driver-side batch plumbing on plain tensors (counts, padding, generation I/O)
   loss         ``RiseLossFunction``: the core objective as a NeMo-RL LossFunction (picklable)
   runtime      ``NemoPolicy`` / ``NemoGenerator`` / ``NemoSession`` on NeMo-RL's objects
+  streaming    streamed generation on NeMo-RL's async vLLM engine; ``seeding`` / ``vllm_seeds`` its request seeds
   critic       ``NemoCritic`` (interfaces.Critic) on NeMo-RL's ``Value``; ``ValueLossFunction``
   environment  rubric scoring for NeMo-RL's rollout loops; ``env_actor`` its Ray actor
   distill      the on-policy distillation baseline on NeMo-RL's distillation path
@@ -190,13 +191,25 @@ def build_backend(cfg: Any, *, checkpoint: str | Path | None = None, train_promp
     dataset = nemo_dataset(list(train_prompts or []), partial(encode_chat, tokenizer, chat_template_kwargs=chat_kwargs),
                            int(recipe["sampling"]["prompts_per_step"]))
     resume = policy_dir(checkpoint)
-    out = grpo.setup(master, tokenizer, dataset, None, policy_factory=partial(_policy_with_resume, Policy, resume))
+    with seeded_workers(master.policy["generation"]):  # the async engine's workers honour request seeds
+        out = grpo.setup(master, tokenizer, dataset, None, policy_factory=partial(_policy_with_resume, Policy, resume))
     policy, generation, master = out[0], out[1], out[10]
     session = NemoSession(policy, generation, tokenizer, {"policy": master.policy}, refit=grpo.refit_policy_generation)
     session.resumed_from = resume
     session.train_cluster = out[3][0]
     behaviour = (recipe["nemo"].get("adapter") or {}).get("importance_sampling", "none") == "behaviour_ratio"
     return NemoPolicy(session, behaviour_ratio=behaviour), NemoGenerator(session)
+
+
+def seeded_workers(generation_config: Mapping[str, Any]):
+    """``seeding.seeded_generation_workers()`` for NeMo-RL's async vLLM engine, else nothing to substitute."""
+    from contextlib import nullcontext
+
+    if not bool((generation_config.get("vllm_cfg") or {}).get("async_engine", False)):
+        return nullcontext()
+    from rise_nemo.backends.nemo.seeding import seeded_generation_workers
+
+    return seeded_generation_workers()
 
 
 def build_student(recipe: Mapping[str, Any], checkpoint: Path | None):
@@ -242,7 +255,8 @@ def build_student(recipe: Mapping[str, Any], checkpoint: Path | None):
         port_range_low=cluster_config.get("master_port_range_low"),
         port_range_high=cluster_config.get("master_port_range_high"),
     )
-    generation = VllmGeneration(cluster=cluster, config=generation_config)
+    with seeded_workers(generation_config):
+        generation = VllmGeneration(cluster=cluster, config=generation_config)
     generation.finish_generation()
     resume = policy_dir(checkpoint)
     policy = Policy(name_prefix="student", cluster=cluster, config=policy_config, tokenizer=tokenizer,

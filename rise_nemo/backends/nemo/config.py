@@ -111,12 +111,13 @@ def validate_nemo_block(recipe: Mapping[str, Any]) -> None:
         raise NemoConfigError(str(exc)) from exc
     if algo == NEMO_GRPO and get(recipe, "nemo.policy.generation.backend", "vllm") != "vllm":
         raise NemoConfigError("recipe key nemo.policy.generation.backend: the nemo backend generates with vllm only")
-    if algo == NEMO_GRPO and bool(get(recipe, "nemo.policy.generation.vllm_cfg.async_engine", False)):
-        # With async_engine NeMo-RL builds VllmAsyncGenerationWorker (vllm_generation.py:188-189), which never
-        # sets self.llm, so the synchronous VllmGeneration.generate the nemo backend calls asserts in the
-        # worker (vllm_worker.py:681 "Attempting to generate with either an uninitialized vLLM ...").
-        raise NemoConfigError("recipe key nemo.policy.generation.vllm_cfg.async_engine: must be false; the nemo "
-                              "backend generates through VllmGeneration.generate, which needs the synchronous engine")
+    if bool(get(recipe, "nemo.policy.generation.vllm_cfg.async_engine", False)) and \
+            get(recipe, "nemo.policy.generation.quant_cfg", None) is not None:
+        # NeMo-RL then builds its ModelOpt worker (vllm/utils.py:394-403), which does not take a request's seed
+        # (rise_nemo.backends.nemo.seeding): streamed samples would depend on what vLLM batches them with.
+        raise NemoConfigError("recipe keys nemo.policy.generation.vllm_cfg.async_engine and "
+                              "nemo.policy.generation.quant_cfg: the nemo backend's async engine seeds every request, "
+                              "which NeMo-RL's ModelOpt worker cannot; unset one of them")
     if str(get(recipe, "nemo.policy.generation.vllm_cfg.kv_cache_dtype", "auto")).startswith("fp8"):
         # NeMo-RL recalibrates FP8 KV scales after every train step (calibrate_qkv_fp8_scales) and passes them
         # to the refit; the nemo backend's step does not do that yet.

@@ -32,7 +32,7 @@ from rise_nemo.backends.nemo.batch import (
 )
 from rise_nemo.backends.nemo.loss import RiseLossFunction
 from rise_nemo.core.losses import loss_needs_prev_logprobs, loss_needs_reference_logprobs
-from rise_nemo.interfaces import KIND_NATURAL, LossFn, Rollout, SamplingParams
+from rise_nemo.interfaces import KIND_NATURAL, GenerationRequest, LossFn, OnRollout, Rollout, SamplingParams
 
 log = logging.getLogger("rise_nemo.backends.nemo")
 
@@ -134,6 +134,10 @@ class NemoGenerator:
         stop = gen.get("stop_token_ids") or [session.tokenizer.eos_token_id]
         self.eos_ids = [int(t) for t in stop if t is not None]
         self.max_model_len = int((gen.get("vllm_cfg") or {}).get("max_model_len") or 0) or None
+        # NeMo-RL's async engine streams samples (VllmGeneration.generate_async): streaming.NemoRolloutStream
+        self.streams = bool((gen.get("vllm_cfg") or {}).get("async_engine", False))
+        # vLLM's continuous batching has no per-call random stream: reproducible samples need a seed per request
+        self.seeds_per_request = self.streams
 
     def encode_prompt(self, messages: list[dict]) -> list[int]:
         text = self.session.tokenizer.apply_chat_template(
@@ -172,12 +176,29 @@ class NemoGenerator:
         core's judged_text). Also used to locate token spans."""
         return self.session.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
+    def open_stream(self, on_rollout: OnRollout):
+        """interfaces.StreamingGenerator, on NeMo-RL's async engine (streaming.NemoRolloutStream)."""
+        if not self.streams:
+            raise ValueError("nemo backend: streamed generation needs NeMo-RL's async vLLM engine "
+                             "(nemo.policy.generation.vllm_cfg.async_engine: true)")
+        from rise_nemo.backends.nemo.streaming import NemoRolloutStream
+
+        return NemoRolloutStream(self, on_rollout)
+
     def generate(self, prompts: Sequence[list[dict]], n: int, params: SamplingParams,
-                 prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Rollout]]:
-        greedy = self._check_params(params)
-        prompt_ids = [self.encode_prompt(p) for p in prompts]
+                 prefixes: Sequence[Sequence[int]] | None = None, *,
+                 seeds: Sequence[Sequence[int]] | None = None) -> list[list[Rollout]]:
         if prefixes is not None and len(prefixes) != len(prompts):
             raise ValueError(f"generate: {len(prefixes)} prefixes for {len(prompts)} prompts")
+        if seeds is not None and (len(seeds) != len(prompts) or any(len(s) != n for s in seeds)):
+            raise ValueError(f"generate: seeds must be {len(prompts)} lists of {n} (one per sample)")
+        if self.streams:
+            return collect_call(self, prompts, n, params, prefixes, seeds)
+        if seeds is not None:
+            raise ValueError("nemo backend: per-request seeds (sampling.request_seeds) need NeMo-RL's async vLLM "
+                             "engine: set nemo.policy.generation.vllm_cfg.async_engine: true")
+        greedy = self._check_params(params)
+        prompt_ids = [self.encode_prompt(p) for p in prompts]
         # vLLM takes token ids: a given response prefix is simply more context after the generation prompt.
         inputs = [p + [int(t) for t in g] for p, g in zip(prompt_ids, prefixes)] if prefixes else prompt_ids
         self._check_lengths(inputs)
@@ -283,6 +304,29 @@ class NemoPolicy:
             )
 
 
+def collect_call(generator: NemoGenerator, prompts: Sequence[list[dict]], n: int, params: SamplingParams,
+                 prefixes: Sequence[Sequence[int]] | None, seeds: Sequence[Sequence[int]] | None) -> list[list[Rollout]]:
+    """``generate`` on the async engine: one streamed call, waited for. result[i][j] as ``generate``'s."""
+    import queue
+
+    done: queue.Queue = queue.Queue()
+    stream = generator.open_stream(lambda tag, slot, j, item: done.put((slot, j, item)))
+    try:
+        call = stream.call("generate", len(prompts), params)
+        for i, prompt in enumerate(prompts):
+            call.put(i, GenerationRequest(list(prompt), n, tuple(map(int, seeds[i])) if seeds is not None else None,
+                                          tuple(map(int, prefixes[i])) if prefixes is not None else ()))
+        out: list[list[Rollout | None]] = [[None] * n for _ in prompts]
+        for _ in range(len(prompts) * n):  # NeMo-RL bounds each sample's wait (NRL_VLLM_ASYNC_TIMEOUT_SECONDS)
+            slot, j, item = done.get()
+            if isinstance(item, BaseException):
+                raise item
+            out[slot][j] = item
+    finally:
+        stream.close()
+    return out  # type: ignore[return-value]
+
+
 def natural_sampling_error(batch: Mapping[str, torch.Tensor]) -> float | None:
     """Mean |generation_logprobs - prev_logprobs| over natural response tokens (sampler/trainer gap), a
     cheap diagnostic for FP8 rollouts; None when the batch has no natural token."""
@@ -294,4 +338,4 @@ def natural_sampling_error(batch: Mapping[str, torch.Tensor]) -> float | None:
     return float((batch["generation_logprobs"] - batch["prev_logprobs"]).abs()[mask].mean())
 
 
-__all__ = ["BatchError", "NemoGenerator", "NemoPolicy", "NemoSession", "natural_sampling_error"]
+__all__ = ["BatchError", "NemoGenerator", "NemoPolicy", "NemoSession", "collect_call", "natural_sampling_error"]
