@@ -179,7 +179,10 @@ def build_generator(work: Path, prompts, args):
     tokenizer = AutoTokenizer.from_pretrained(model)
     first = max(tokenizer.convert_tokens_to_ids(t) for t in tiny_qwen3.SPECIAL) + 1
     stops = [tokenizer.eos_token_id] + list(range(first + 64, first + 64 + args.stop_tokens))
-    base = OmegaConf.load(Path(os.environ["NEMO_RL_DIR"]) / "examples/configs/grpo_math_1B.yaml")
+    from nemo_rl.utils.config import load_config, register_omegaconf_resolvers
+
+    register_omegaconf_resolvers()  # ${mul:...} in NeMo-RL's example configs
+    base = load_config(Path(os.environ["NEMO_RL_DIR"]) / "examples/configs/grpo_math_1B.yaml")
     base.policy.max_total_sequence_length = 768
     g = base.policy.generation
     g.max_new_tokens, g.temperature, g.top_p, g.model_name = args.max_new_tokens, 1.0, 1.0, str(model)
