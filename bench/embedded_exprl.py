@@ -74,11 +74,11 @@ def main() -> int:
     from rise_nemo.config import load_config
     from rise_nemo.judges.reference import RuleReferenceJudge, build_reference_judge
     from rise_nemo.judges.rule_server import RuleGraderServer
+    from rise_nemo.loop.data import PromptSampler, load_prompts, reasoning_tools
+    from rise_nemo.loop.warm_start import evaluate_heldout, warm_started_backend
     from rise_nemo.methods import get_method
-    from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools
-    from rise_nemo.orchestration.reasoning_step import ReasoningContext
-    from rise_nemo.orchestration.reasoning_warm_start import evaluate_heldout, warm_started_backend
-    from rise_nemo.orchestration.tokens import pad_id_of
+    from rise_nemo.steps.reasoning import ReasoningContext
+    from rise_nemo.steps.rollouts import pad_id_of
 
     args = parse_args()
     if args.task == "premise":
@@ -211,8 +211,8 @@ def main() -> int:
 def reference_vs_own_nll(cfg, problems) -> tuple[float, float]:
     """Per-token NLL under a fresh warm start of ``cfg`` of the problems' references and of the model's own
     samples (one each, the step-0 evaluation stream)."""
-    from rise_nemo.orchestration.evaluate import eval_sampling_params
-    from rise_nemo.orchestration.reasoning_warm_start import warm_started_backend
+    from rise_nemo.loop.warm_start import warm_started_backend
+    from rise_nemo.steps.rubric_eval import eval_sampling_params
     from rise_nemo.tasks.sft import Example, response_nll
 
     policy, generator, _ = warm_started_backend(cfg)

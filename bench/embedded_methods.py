@@ -140,8 +140,8 @@ def conditions(args) -> list[tuple[str, list[str]]]:
 def premise_measurements(args, extra: list[str]) -> dict:
     """The warm start of a condition (built or loaded from the cache, as training will) and the task's
     transfer rate, before any training."""
-    from rise_nemo.orchestration.data import persistent_task
-    from rise_nemo.orchestration.reasoning_warm_start import warm_started_backend
+    from rise_nemo.loop.data import persistent_task
+    from rise_nemo.loop.warm_start import warm_started_backend
     from rise_nemo.tasks.persistent_warm_start import transfer_rate
 
     cfg = config("rubric_rl", 0, Path(args.out) / "premise_probe", args, extra)
@@ -152,8 +152,8 @@ def premise_measurements(args, extra: list[str]) -> dict:
 
 
 def train_one(method: str, seed: int, args, extra=(), label: str = "") -> dict:
-    from rise_nemo.orchestration.report import curve_auc
-    from rise_nemo.orchestration.run import build_trainer
+    from rise_nemo.loop.run import build_trainer
+    from rise_nemo.reports.report import curve_auc
 
     run_dir = Path(args.out) / (f"r{label}" if label else "") / f"{method}_s{seed}"
     if run_dir.exists():
@@ -173,9 +173,9 @@ def interleaved_step_times(args, methods: tuple[str, ...], steps: int, switch_st
                            condition=()) -> dict[str, list[float]]:
     """Train ``methods`` side by side in one process, one step of each in turn (same machine load for all);
     returns each method's step times."""
-    from rise_nemo.orchestration.run import build_trainer
-    from rise_nemo.orchestration.step import train_step
-    from rise_nemo.orchestration.trainer import seed_everything
+    from rise_nemo.loop.run import build_trainer
+    from rise_nemo.loop.trainer import seed_everything
+    from rise_nemo.steps.rubric import train_step
 
     extra = [*condition, f"rise.schedule.switch_step={switch_step}", f"train.steps={steps}", "eval.at_start=false",
              "eval.every=0"]
@@ -209,7 +209,7 @@ def onepass_step_ratios(args, condition=()) -> tuple[float, float, dict]:
     generate call each. Returns (median of the per-step ratios over the revisited steps, over the first
     epoch except its first step, times). Per-step ratios, not a ratio of medians: the run is twice as long
     as step_time_ratios' phases, and a change of machine load inside it must cancel step by step."""
-    from rise_nemo.orchestration.data import load_prompts
+    from rise_nemo.loop.data import load_prompts
 
     cfg = config("rise_onepass", 0, Path(args.out) / "timing_rise_onepass", args, condition)
     epoch = -(-len(load_prompts(cfg)[0]) // int(cfg.sampling.prompts_per_step))  # steps per epoch

@@ -33,7 +33,7 @@ Measured (premise task; worst seed):
   step_ratio        RRL / PPO mean training-step time, measured side by side in this process (target <= 1.25)
   ref_hard_pass1_ratio  rrl_ref / PPO hard pass@1 (when rrl_ref runs)
   control_ratio     RRL / PPO hard pass@1 on the control task (expected near 1)
-  critic_auc        RRL's critic/auc (correct-so-far vs already-wrong prefixes, orchestration.critic_ranking)
+  critic_auc        RRL's critic/auc (correct-so-far vs already-wrong prefixes, steps.critic)
                     over the last 5 steps, mean over seeds; pretrain_auc: after pre-training, held-out rollouts
 
 Ends with
@@ -127,13 +127,13 @@ def main() -> int:
 def run_task(args: argparse.Namespace, task: str) -> dict:
     from rise_nemo.backends import build_critic
     from rise_nemo.config import load_config
+    from rise_nemo.loop.data import PromptSampler, load_prompts, reasoning_tools
+    from rise_nemo.loop.warm_start import evaluate_heldout, warm_started_backend
     from rise_nemo.methods import get_method
-    from rise_nemo.orchestration.critic_ranking import pretrain_critic
-    from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools
-    from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
-    from rise_nemo.orchestration.reasoning_warm_start import evaluate_heldout, warm_started_backend
-    from rise_nemo.orchestration.rrl import make_step_hooks
-    from rise_nemo.orchestration.tokens import pad_id_of
+    from rise_nemo.steps.critic import pretrain_critic
+    from rise_nemo.steps.reasoning import ReasoningContext, reasoning_train_step
+    from rise_nemo.steps.rollouts import pad_id_of
+    from rise_nemo.steps.rrl import make_step_hooks
 
     def config(variant: str, seed: int):
         return load_config(REPO / "recipes" / TASKS[task], [
@@ -233,8 +233,8 @@ def measure_premise(cfg, generator, verifier, problems, late_from: int, samples:
     """Reach rate of the first late step with a correct prefix, and pass@1 from the clean reference cut before
     it vs from scratch, on the warm start (the evaluation sampling parameters, their step-0 stream)."""
     from rise_nemo.data.chain_task import leading_correct_steps, step_prefixes
-    from rise_nemo.orchestration.evaluate import eval_sampling_params
-    from rise_nemo.orchestration.tokens import encode_response
+    from rise_nemo.steps.rollouts import encode_response
+    from rise_nemo.steps.rubric_eval import eval_sampling_params
 
     params = eval_sampling_params(cfg, 0)
     scratch = generator.generate([list(p.messages) for p in problems], samples, params)

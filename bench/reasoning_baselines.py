@@ -51,17 +51,17 @@ def main() -> int:
     torch.set_num_threads(1)
     from rise_nemo.backends import build_critic
     from rise_nemo.config import load_config
-    from rise_nemo.methods import get_method
-    from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools
-    from rise_nemo.orchestration.reasoning_eval import format_reasoning_eval
-    from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
-    from rise_nemo.orchestration.reasoning_warm_start import (
+    from rise_nemo.loop.data import PromptSampler, load_prompts, reasoning_tools
+    from rise_nemo.loop.warm_start import (
         evaluate_heldout,
         format_warm_start_properties,
         warm_start_properties,
         warm_started_backend,
     )
-    from rise_nemo.orchestration.tokens import pad_id_of
+    from rise_nemo.methods import get_method
+    from rise_nemo.steps.reasoning import ReasoningContext, reasoning_train_step
+    from rise_nemo.steps.reasoning_eval import format_reasoning_eval
+    from rise_nemo.steps.rollouts import pad_id_of
 
     args = parse_args()
     recipes = REPO / "recipes"

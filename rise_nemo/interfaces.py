@@ -214,7 +214,7 @@ class RewardModel(Protocol):
 class CheckpointLayout:
     """How a run directory keeps its checkpoints, for commands that pick one (`rise-nemo eval --checkpoint`).
 
-    ``rise_nemo.orchestration.checkpoint.RISE_NEMO_LAYOUT`` is every rise_nemo training loop's; a backend
+    ``rise_nemo.loop.checkpoint.RISE_NEMO_LAYOUT`` is every rise_nemo training loop's; a backend
     whose loop is someone else's (NeMo-RL's distillation, rise_nemo.backends.nemo.checkpoints) provides
     another. Declared here so that backends need not import the orchestration."""
 

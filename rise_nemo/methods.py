@@ -3,8 +3,8 @@
 A method is ONE registered object (``Method``) that names its behaviour, each piece registered by name in
 a registry of its kind (verl's ``@register_adv_est("gae")`` / ``@register_policy_loss("vanilla")`` style):
 
-  step          the training step it runs (``@register_step``): ``rubric`` (rise_nemo.orchestration.step),
-                ``reasoning`` and ``sft`` (rise_nemo.orchestration.reasoning_step); None = runs elsewhere
+  step          the training step it runs (``@register_step``): ``rubric`` (rise_nemo.steps.rubric),
+                ``reasoning`` and ``sft`` (rise_nemo.steps.reasoning); None = runs elsewhere
                 (``elsewhere`` says where). The step object builds the step's context (which owns the
                 method's checkpoint state), trains one step, evaluates and names the progress-bar columns.
   scorer        what turns rollouts into rewards (``@register_scorer``): ``verifier`` (0/1),
@@ -97,7 +97,7 @@ Judge = Literal["rubric", "reference"]
 
 @dataclass
 class RunParts:
-    """What the trainer hands a training step's ``build_context`` (built by orchestration.run)."""
+    """What the trainer hands a training step's ``build_context`` (built by loop.run)."""
 
     cfg: Any
     policy: Any

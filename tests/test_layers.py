@@ -137,9 +137,9 @@ def test_the_declared_order_is_one_table_covering_every_top_level_package():
 def test_an_upward_import_inserted_into_a_copy_of_rise_nemo_fails(tmp_path):
     shutil.copytree(REPO / "rise_nemo", tmp_path / "rise_nemo", ignore=shutil.ignore_patterns("__pycache__"))
     losses = tmp_path / "rise_nemo" / "core" / "losses.py"
-    losses.write_text(losses.read_text() + "\n\ndef _lazy():\n    from ..orchestration import trainer\n")
+    losses.write_text(losses.read_text() + "\n\ndef _lazy():\n    from ..loop import trainer\n")
     found = layer_violations(tmp_path, "rise_nemo", declared_layers())
-    assert len(found) == 1 and "rise_nemo.core imports rise_nemo.orchestration.trainer, a layer above" in found[0]
+    assert len(found) == 1 and "rise_nemo.core imports rise_nemo.loop.trainer, a layer above" in found[0]
 
 
 # -- the checker on synthetic trees --------------------------------------------------------------------------

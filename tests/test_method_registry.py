@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent / "orchestration"))  # tiny_task
 from tiny_task import chain_recipe  # noqa: E402
 
 from rise_nemo.cli import main  # noqa: E402
+from rise_nemo.loop.trainer import read_metrics, reproducible_metrics  # noqa: E402
 from rise_nemo.methods import (  # noqa: E402
     ADVANTAGES,
     HOOKS,
@@ -30,7 +31,6 @@ from rise_nemo.methods import (  # noqa: E402
     register_method,
     unregister_method,
 )
-from rise_nemo.orchestration.trainer import read_metrics, reproducible_metrics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = "toy_reinforce"
@@ -99,7 +99,7 @@ def test_an_unknown_method_fails_with_one_line_naming_the_key(tmp_path):
 
 
 def test_every_method_names_registered_behaviour():
-    import rise_nemo.orchestration.trainer  # noqa: F401  (registers the built-in behaviour)
+    import rise_nemo.loop.trainer  # noqa: F401  (registers the built-in behaviour)
 
     for method in METHODS.values():
         if method.step is None:

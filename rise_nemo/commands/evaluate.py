@@ -12,7 +12,7 @@ refused before any work starts.
 On reasoning problems (``data.source: chain_arithmetic``, or the files of a verifier-scored method: GSM8K,
 MATH, APPS, HH-RLHF with its reward model's preference over the chosen reply) it reports unbiased pass@k for k = 1, 2, 4,
 ..., eval.samples_per_prompt per difficulty level, step accuracy, mean token entropy and response length
-(rise_nemo.orchestration.reasoning_eval).
+(rise_nemo.steps.reasoning_eval).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     run_dir = Path(args.run_dir) if args.run_dir else None
     if run_dir is not None and (run_dir / "pipeline.json").is_file():
-        from rise_nemo.orchestration.pipeline import expand_pipeline_dirs
+        from rise_nemo.loop.pipeline import expand_pipeline_dirs
 
         run_dir = Path(expand_pipeline_dirs([run_dir])[-1])  # a pipeline's model is its last stage's
         print(f"rise-nemo eval: {args.run_dir} is a pipeline directory: evaluating its last stage, {run_dir}",
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     env_sources: dict[str, str] = {}
     cfg = load_config(config, args.overrides, env_sources=env_sources)
 
-    from rise_nemo.orchestration.evaluate import evaluate
-    from rise_nemo.orchestration.run import build_checked_judge, load_eval_model
+    from rise_nemo.loop.run import build_checked_judge, load_eval_model
+    from rise_nemo.steps.rubric_eval import evaluate
 
     reasoning = _is_reasoning(cfg)
 
@@ -199,9 +199,9 @@ def _fresh_path(folder: Path, step: int) -> Path:
 
 def _reasoning_eval(cfg, generator, problems, step: int) -> tuple[dict, str]:
     """pass@k per level on a reasoning task: (result, printable table)."""
-    from rise_nemo.orchestration.data import reasoning_tools
-    from rise_nemo.orchestration.evaluate import eval_sampling_params
-    from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning, format_reasoning_eval
+    from rise_nemo.loop.data import reasoning_tools
+    from rise_nemo.steps.reasoning_eval import evaluate_reasoning, format_reasoning_eval
+    from rise_nemo.steps.rubric_eval import eval_sampling_params
 
     verifier, step_accuracy = reasoning_tools(cfg)
     result = evaluate_reasoning(generator, verifier, problems, int(cfg.eval.samples_per_prompt),

@@ -21,8 +21,8 @@ from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSessi
 from rise_nemo.config import config_from_dict  # noqa: E402
 from rise_nemo.core.problem import ReasoningProblem  # noqa: E402
 from rise_nemo.methods import get_method  # noqa: E402
-from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step  # noqa: E402
-from rise_nemo.orchestration.rrl import make_step_hooks  # noqa: E402
+from rise_nemo.steps.reasoning import ReasoningContext, reasoning_train_step  # noqa: E402
+from rise_nemo.steps.rrl import make_step_hooks  # noqa: E402
 
 torch.set_num_threads(1)
 MAX_NEW = 5

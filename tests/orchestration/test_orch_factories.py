@@ -8,7 +8,7 @@ from rise_nemo.backends import build_backend
 from rise_nemo.config import config_from_dict
 from rise_nemo.interfaces import Generator, Judge, Policy
 from rise_nemo.judges import build_judge
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop.trainer import read_metrics
 
 
 def test_build_judge_dispatches_and_rejects_bad_blocks():

@@ -1,11 +1,11 @@
-"""The warm-start property check (rise_nemo/orchestration/reasoning_warm_start.py) and the pooled
+"""The warm-start property check (rise_nemo/loop/warm_start.py) and the pooled
 pass@k the reasoning demo prints, on hand-made evaluation results."""
 
 from __future__ import annotations
 
 import pytest
 
-from rise_nemo.orchestration.reasoning_warm_start import (
+from rise_nemo.loop.warm_start import (
     format_warm_start_properties,
     pooled_pass_at_k,
     warm_start_properties,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rise_nemo.orchestration.report import RunData, build_figures
+from rise_nemo.reports.report import RunData, build_figures
 
 pytest.importorskip("matplotlib")
 

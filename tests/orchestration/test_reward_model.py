@@ -16,9 +16,9 @@ from rise_nemo.config.loader import load_config
 from rise_nemo.core.rewards import reward_model_rewards
 from rise_nemo.data.reasoning import load_reasoning_problems
 from rise_nemo.errors import UserError
-from rise_nemo.orchestration.reward_model import PreferenceVerifier, conversation
-from rise_nemo.orchestration.run import build_trainer
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop.run import build_trainer
+from rise_nemo.loop.trainer import read_metrics
+from rise_nemo.steps.reward_model import PreferenceVerifier, conversation
 
 REPO = Path(__file__).resolve().parents[2]
 HH = REPO / "rise_nemo" / "evals" / "data" / "hh_rlhf_harmless_8.jsonl"
@@ -137,7 +137,7 @@ class _Ctx:
 
 def test_scorer_rewards_raw_scores_and_solved_means_beating_the_reference(rm_dir, tmp_path, monkeypatch):
     from rise_nemo.interfaces import Rollout
-    from rise_nemo.orchestration.reward_model import reward_model_scores
+    from rise_nemo.steps.reward_model import reward_model_scores
 
     rm = LocalRewardModel(rm_dir)
     cfg = _cfg(tmp_path, rm_dir, monkeypatch)

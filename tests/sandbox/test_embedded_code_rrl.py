@@ -12,8 +12,8 @@ import pytest
 from rise_nemo.config import config_from_dict
 from rise_nemo.data.reasoning import load_reasoning_problems
 from rise_nemo.judges.code_verifier import CodeVerifier
-from rise_nemo.orchestration.run import build_trainer
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop.run import build_trainer
+from rise_nemo.loop.trainer import read_metrics
 
 TASK = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "code_tiny.jsonl"
 

@@ -198,7 +198,7 @@ def test_bad_task_values_name_the_key(kwargs, message):
 def test_unknown_task_key_is_a_one_line_user_error_naming_it():
     from rise_nemo.config import load_config
     from rise_nemo.errors import UserError
-    from rise_nemo.orchestration.data import load_prompts_checked
+    from rise_nemo.loop.data import load_prompts_checked
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "recipes" / "rise_tiny_cpu.yaml", ["++data.task.name_behavior=true"])
@@ -209,7 +209,7 @@ def test_unknown_task_key_is_a_one_line_user_error_naming_it():
     with pytest.raises(UserError, match=r"^data\.task\.name_behaviours: expected true or false, got 1$"):
         load_prompts_checked(cfg)
     # The reasoning task's keys are its own generator's to check (ChainTaskConfig): they still pass through.
-    from rise_nemo.orchestration.data import chain_task
+    from rise_nemo.loop.data import chain_task
 
     cfg = load_config(root / "recipes" / "rrl_chain_late_tiny_cpu.yaml", [])
     assert chain_task(cfg).train and cfg.data.task.late_from == 8

@@ -6,27 +6,27 @@
         clipped PG on per-token advantages, then the critic's clipped value loss; during the first
         ``ppo.critic_warmup_steps`` steps only the critic trains (verl's critic warm-up; every critic method)
   rrl   ppo whose rollouts may continue value-selected states from a per-problem replay buffer (the hooks of
-        rise_nemo.orchestration.rrl; docs/DESIGN.md §9)
+        rise_nemo.steps.rrl; docs/DESIGN.md §9)
   grpo  G rollouts per problem, sparse 0/1 verifier reward, group advantages (eq. 1 of RISE-RL / GRPO)
   exprl_outcome / exprl_process / self_distillation / sft   ExpRL's Stage I and its baselines
-        (rise_nemo.orchestration.exprl; docs/DESIGN.md §8): the reference judge's scores as group rewards or
+        (rise_nemo.steps.exprl; docs/DESIGN.md §8): the reference judge's scores as group rewards or
         per-segment token advantages, the reference-in-context teacher's token advantages, or SFT
 
 The seams RRL and ExpRL plug into without forking this step:
   hooks          ``ReasoningContext.hooks`` (a ``StepHooks``; default: every method but rrl, all no-ops):
                  ``start_states(ctx, problems, step)`` gives per-ROLLOUT response prefixes [N][G] (token ids;
                  [] = from the problem) or None = every rollout from scratch (RRL's replay buffer,
-                 rise_nemo.orchestration.rrl); given tokens are context only (token_mask 0) and GAE starts at
+                 rise_nemo.steps.rrl); given tokens are context only (token_mask 0) and GAE starts at
                  the state (core.value.gae). ``after_score`` sees the scored groups and the built batch
                  (critic values included) and which rollouts solved their problem (``StepScores.solved_mask``)
                  before the policy update; ``after_train`` the step's metrics.
   scores         ``ReasoningContext.score`` runs the method's registered scorer (rise_nemo.methods): rewards
                  [N, G] and a valid mask as one ``exprl.StepScores``, which may carry per-token advantages
-                 (ExpRL-Process). Verifier 0/1 here; ExpRL's reference judge in rise_nemo.orchestration.exprl.
+                 (ExpRL-Process). Verifier 0/1 here; ExpRL's reference judge in rise_nemo.steps.exprl.
   advantages     the method's registered advantage estimator (``group``, ``gae``, ``segment``,
                  ``self_distillation``) writes the batch's advantage columns.
 Sampling, batch building and the policy loss are the RISE step's own stage functions
-(rise_nemo.orchestration.step): one piece of code where the logic is the same.
+(rise_nemo.steps.rubric): one piece of code where the logic is the same.
 """
 
 from __future__ import annotations
@@ -59,14 +59,14 @@ from rise_nemo.methods import (
     register_scorer,
     register_step,
 )
-from rise_nemo.orchestration import exprl
-from rise_nemo.orchestration.samples import reasoning_sample_records, sft_sample_records
-from rise_nemo.orchestration.step import (
+from rise_nemo.steps import exprl
+from rise_nemo.steps.rubric import (
     STREAM_NATURAL,
     TrainSample,
     build_batch,
     sampling_params,
 )
+from rise_nemo.steps.samples import reasoning_sample_records, sft_sample_records
 
 
 @register_hooks("none")
@@ -116,7 +116,7 @@ class ReasoningContext:
     method: Method
     critic: Critic | None = None  # required when method.critic
     pad_id: int = 0
-    hooks: StepHooks | None = None  # method-specific stages (RRL: rise_nemo.orchestration.rrl); None: no-ops
+    hooks: StepHooks | None = None  # method-specific stages (RRL: rise_nemo.steps.rrl); None: no-ops
     rng: random.Random = field(default_factory=random.Random)  # method-level choices (RRL replay); checkpointed
     samples_per_step: int = 0  # rollouts recorded in ``last_samples`` (samples.jsonl); 0 = none
     last_samples: list[dict[str, Any]] = field(default_factory=list)
@@ -252,10 +252,10 @@ def group_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exp
 def gae_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exprl.StepScores,
                           batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     """PPO: critic values and GAE (add_gae_columns) on the sparse reward of each row; ``critic/auc`` where the
-    task knows which prefixes are correct so far (orchestration.critic_ranking)."""
+    task knows which prefixes are correct so far (steps.critic)."""
     out = add_gae_columns(ctx, batch, scored.rewards[scored.valid])  # token_advantages, values, returns
     if ctx.step_accuracy is not None:
-        from rise_nemo.orchestration.critic_ranking import prefix_value_auc
+        from rise_nemo.steps.critic import prefix_value_auc
 
         out["critic/auc"] = prefix_value_auc(ctx, problems, groups, scored.valid, batch, batch["values"])
     return out
@@ -453,9 +453,9 @@ class ReasoningStep:
 
     @staticmethod
     def evaluate(ctx: ReasoningContext, eval_prompts: Sequence[Any], step: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """pass@1 on the held-out problems (rise_nemo.orchestration.reasoning_eval): (result, fields to log)."""
-        from rise_nemo.orchestration.evaluate import eval_sampling_params
-        from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning
+        """pass@1 on the held-out problems (rise_nemo.steps.reasoning_eval): (result, fields to log)."""
+        from rise_nemo.steps.reasoning_eval import evaluate_reasoning
+        from rise_nemo.steps.rubric_eval import eval_sampling_params
 
         result = evaluate_reasoning(ctx.generator, ctx.verifier, eval_prompts, int(ctx.cfg.eval.samples_per_prompt),
                                     eval_sampling_params(ctx.cfg, step), step, step_accuracy=ctx.step_accuracy)

@@ -28,8 +28,8 @@ def warm_started_backend(cfg: Any, progress: bool = False) -> tuple[Any, Any, An
     """(policy, generator, warm-start stats) of a recipe: global RNGs seeded by ``run.seed``, a fresh
     backend, then the warm start (``data.warm_start``, cached under ``data.warm_start_cache``)."""
     from rise_nemo.backends import build_backend
-    from rise_nemo.orchestration.data import warm_start_policy
-    from rise_nemo.orchestration.trainer import seed_everything
+    from rise_nemo.loop.data import warm_start_policy
+    from rise_nemo.loop.trainer import seed_everything
 
     seed_everything(int(cfg.run.seed))
     policy, generator = build_backend(cfg)
@@ -43,9 +43,9 @@ def evaluate_heldout(cfg: Any, generator: Any, problems: Sequence[Any], n: int |
     samples each (default ``eval.samples_per_prompt``) on the evaluation stream of ``step`` (the sampling
     parameters the trainer's evaluation at that step uses, so a warm start measured here at step 0 is the
     trainer's step-0 evaluation)."""
-    from rise_nemo.orchestration.data import reasoning_tools
-    from rise_nemo.orchestration.evaluate import eval_sampling_params
-    from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning
+    from rise_nemo.loop.data import reasoning_tools
+    from rise_nemo.steps.reasoning_eval import evaluate_reasoning
+    from rise_nemo.steps.rubric_eval import eval_sampling_params
 
     verifier, step_accuracy = reasoning_tools(cfg)
     n = int(cfg.eval.samples_per_prompt) if n is None else int(n)

@@ -170,7 +170,7 @@ def eval_differences(previous: Any, cfg: Any) -> list[str]:
     """What makes a stage's step-0 evaluation differ from the previous stage's final one of the same weights,
     besides the stream (``eval_stream_offset`` aligns that): its sampling parameters, samples per prompt, the
     held-out set and the seed. Empty when the two evaluations are the same computation."""
-    from rise_nemo.orchestration.evaluate import eval_sampling_params
+    from rise_nemo.steps.rubric_eval import eval_sampling_params
 
     a = eval_sampling_params(previous, int(previous.train.steps))
     b = eval_sampling_params(cfg, 0)
@@ -201,7 +201,7 @@ def stage_done(run_dir: Path, steps: int) -> bool:
 
 
 def final_checkpoint(run_dir: Path) -> Path:
-    from rise_nemo.orchestration import checkpoint as ckpt
+    from rise_nemo.loop import checkpoint as ckpt
 
     path = ckpt.latest_checkpoint(run_dir)
     if path is None:
@@ -237,7 +237,7 @@ def run_pipeline(pipeline: Pipeline, overrides: Sequence[str] = (), stop_after: 
 
 
 def _run_stages(pipeline: Pipeline, configs: Sequence[Any], stop_after: int | None) -> int:
-    from rise_nemo.orchestration.run import build_trainer
+    from rise_nemo.loop.run import build_trainer
 
     previous: Path | None = None
     previous_cfg: Any = None

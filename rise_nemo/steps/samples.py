@@ -7,7 +7,7 @@ or a privileged response with A_ref <= 0, eq. 8) and its kind (0 natural, 1 guid
 At most ``cap`` natural and ``cap`` privileged rollouts per step (the first prompts of the batch, in
 order), so the file stays small on long runs (``train.log_samples``).
 
-The reasoning step (rise_nemo.orchestration.reasoning_step) writes ``reasoning_sample_records``: per rollout
+The reasoning step (rise_nemo.steps.reasoning) writes ``reasoning_sample_records``: per rollout
 the step, prompt id, difficulty, the response (given prefix + sampled continuation, as generated), how many
 of its tokens were given (a replayed prefix / start state: context only, not trained) and how many sampled,
 the reward (null when the verifier could not decide: not trained on), the advantage it was trained with

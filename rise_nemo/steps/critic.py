@@ -28,9 +28,9 @@ import torch
 from rise_nemo.core.metrics import ranking_auc
 from rise_nemo.core.replay import state_boundaries
 from rise_nemo.core.value import make_value_loss, monte_carlo_returns, terminal_token_rewards
-from rise_nemo.orchestration.reasoning_step import batch_rollouts, rollout_batch, verify_rewards
-from rise_nemo.orchestration.step import STREAM_NATURAL, sampling_params
-from rise_nemo.orchestration.tokens import find_tokenizer, token_texts
+from rise_nemo.steps.reasoning import batch_rollouts, rollout_batch, verify_rewards
+from rise_nemo.steps.rollouts import find_tokenizer, token_texts
+from rise_nemo.steps.rubric import STREAM_NATURAL, sampling_params
 
 STREAM_CRITIC_PRETRAIN = 7  # the pre-training rollouts' sampling stream (never a training step's)
 

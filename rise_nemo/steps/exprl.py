@@ -28,7 +28,7 @@ from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.interfaces import Rollout
 from rise_nemo.judges.reference import ScoreRequest
 from rise_nemo.methods import register_scorer
-from rise_nemo.orchestration.tokens import encode_response, find_tokenizer
+from rise_nemo.steps.rollouts import encode_response, find_tokenizer
 
 
 @dataclass
@@ -141,7 +141,7 @@ def self_distillation_advantages(ctx: Any, problems: Sequence[ReasoningProblem],
                                  batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Per-token advantages [B, T] log pi_teacher(y_t) - prev log pi_student(y_t) on the batch's response tokens,
     the teacher being the current policy with the reference in context (no gradient through it)."""
-    from rise_nemo.orchestration.step import TrainSample, build_batch
+    from rise_nemo.steps.rubric import TrainSample, build_batch
 
     intro = str(ctx.cfg.exprl.teacher_intro)
     rows = [(problems[i], r) for i, g in enumerate(groups) for j, r in enumerate(g) if bool(valid[i, j])]
@@ -162,7 +162,7 @@ def self_distillation_advantages(ctx: Any, problems: Sequence[ReasoningProblem],
 
 def sft_reference_batch(ctx: Any, problems: Sequence[ReasoningProblem]) -> dict[str, torch.Tensor]:
     """Reference solutions teacher-forced under the plain prompts (the SFT baseline's batch)."""
-    from rise_nemo.orchestration.step import TrainSample, build_batch
+    from rise_nemo.steps.rubric import TrainSample, build_batch
 
     samples = []
     for p in problems:

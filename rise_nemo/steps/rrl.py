@@ -1,6 +1,6 @@
 """RRL (Retrospective Replay RL) as hooks of the reasoning step (docs/DESIGN.md §9; paper Algorithm 1).
 
-``method: rrl`` is PPO (critic + GAE, rise_nemo.orchestration.reasoning_step) plus a per-problem buffer of
+``method: rrl`` is PPO (critic + GAE, rise_nemo.steps.reasoning) plus a per-problem buffer of
 promising states (core.replay). In one step:
 
   start states   every rollout, with probability p (Algorithm 1 line 4, ``ctx.rng``), continues the
@@ -44,9 +44,9 @@ from rise_nemo.core.replay import (
 from rise_nemo.errors import UserError
 from rise_nemo.interfaces import Rollout
 from rise_nemo.methods import register_hooks
-from rise_nemo.orchestration.reasoning_step import ReasoningContext, StepHooks, batch_rollouts
-from rise_nemo.orchestration.step import TrainSample, build_batch
-from rise_nemo.orchestration.tokens import encode_response, find_tokenizer, token_texts
+from rise_nemo.steps.reasoning import ReasoningContext, StepHooks, batch_rollouts
+from rise_nemo.steps.rollouts import encode_response, find_tokenizer, token_texts
+from rise_nemo.steps.rubric import TrainSample, build_batch
 
 SOURCE_POLICY, SOURCE_CANONICAL = "policy", "canonical"
 log = logging.getLogger("rise_nemo.rrl")
@@ -100,7 +100,7 @@ def reference_prefix_scores(judge: Any, problem: ReasoningProblem, segments: Seq
 
 @register_hooks("rrl")
 class RRLHooks(StepHooks):
-    check_data = staticmethod(check_granularity)  # before any model is built (orchestration.run)
+    check_data = staticmethod(check_granularity)  # before any model is built (loop.run)
 
     def __init__(self, cfg: Any, n_train_problems: int):
         r = cfg.rrl

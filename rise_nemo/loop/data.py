@@ -52,7 +52,7 @@ def reasoning_tools(cfg: Any, reward_model: Any = None) -> tuple[Any, Any]:
     math-verify (``MathVerifier``) for other reasoning files (``data.source: jsonl`` of a reasoning method:
     formats math, gsm8k, reasoning)."""
     if cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) == "hh_rlhf":
-        from rise_nemo.orchestration.reward_model import PreferenceVerifier
+        from rise_nemo.steps.reward_model import PreferenceVerifier
 
         return PreferenceVerifier(reward_model if reward_model is not None else build_reward_model(cfg)), None
     if cfg.data.source == "chain_arithmetic":
@@ -118,7 +118,7 @@ def build_reward_model(cfg: Any) -> Any:
 
 def needs_reward_model(cfg: Any) -> bool:
     """The recipe's scorer is the reward model's, or its data are HH-RLHF pairs (evaluated with it)."""
-    from rise_nemo.orchestration.reward_model import SCORER
+    from rise_nemo.steps.reward_model import SCORER
 
     hh = cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) == "hh_rlhf"
     return cfg.reward.scorer == SCORER or bool(hh)
@@ -126,7 +126,7 @@ def needs_reward_model(cfg: Any) -> bool:
 
 def require_verifier_extras(cfg: Any) -> None:
     """Reasoning files are checked with math-verify (the 'math' extra): a one-line UserError naming it, raised
-    before any data is read or model built (rise_nemo.orchestration.run)."""
+    before any data is read or model built (rise_nemo.loop.run)."""
     if cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) != "hh_rlhf":
         from rise_nemo.errors import require_extra
 

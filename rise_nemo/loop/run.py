@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rise_nemo.errors import UserError, require_extra
-from rise_nemo.methods import get_method
-from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.data import (
+from rise_nemo.loop import checkpoint as ckpt
+from rise_nemo.loop.data import (
     build_reward_model,
     check_real_model,
     check_reward_model,
@@ -28,9 +27,10 @@ from rise_nemo.orchestration.data import (
     require_verifier_extras,
     warm_start_policy,
 )
-from rise_nemo.orchestration.rundir import RunDirLock, check_resume, check_run_dir_path
-from rise_nemo.orchestration.signals import interrupt_setup
-from rise_nemo.orchestration.trainer import Trainer, resolve_run_dir  # imports the registered behaviour
+from rise_nemo.loop.rundir import RunDirLock, check_resume, check_run_dir_path
+from rise_nemo.loop.signals import interrupt_setup
+from rise_nemo.loop.trainer import Trainer, resolve_run_dir  # imports the registered behaviour
+from rise_nemo.methods import get_method
 
 
 def check_method(cfg: Any) -> None:
@@ -136,7 +136,7 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
             check_tokenizer_covers(cfg, generator, train_prompts)
             if latest is None:
                 if init_from is not None:
-                    from rise_nemo.orchestration.pipeline import init_policy_from
+                    from rise_nemo.loop.pipeline import init_policy_from
 
                     init_policy_from(policy, Path(init_from))
                 else:

@@ -1,7 +1,7 @@
-"""Report plots and Markdown for reasoning runs (evaluations of rise_nemo.orchestration.reasoning_eval).
+"""Report plots and Markdown for reasoning runs (evaluations of rise_nemo.steps.reasoning_eval).
 
 One colour per *track*: a run, or the stages of a pipeline (ExpRL's Stage I then Stage II,
-rise_nemo.orchestration.pipeline) on one timeline: a later stage's steps follow the earlier stages' and
+rise_nemo.loop.pipeline) on one timeline: a later stage's steps follow the earlier stages' and
 each stage boundary is a grey dash-dot line on every plot over steps. Step axes have integer ticks; every
 legend sits below the axes with one entry per track plus the line styles.
 
@@ -108,9 +108,9 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator, NullLocator, ScalarFormatter
 
+    from rise_nemo.loop.warm_start import pooled_pass_at_k
     from rise_nemo.methods import METHODS
-    from rise_nemo.orchestration.reasoning_warm_start import pooled_pass_at_k
-    from rise_nemo.orchestration.report import _series
+    from rise_nemo.reports.report import _series
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     tracks = make_tracks(runs)
@@ -284,7 +284,7 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
 
 
 def write_reasoning_plots(runs: Sequence[Any], out_dir: Path) -> list[Path]:
-    from rise_nemo.orchestration.report import write_plots
+    from rise_nemo.reports.report import write_plots
 
     return write_plots(runs, out_dir, build=build_reasoning_figures)
 

@@ -35,21 +35,21 @@ import torch
 
 # The built-in training steps, scorers, advantage estimators, losses and hooks register themselves on import
 # (rise_nemo.methods); the trainer only asks the method for them.
-import rise_nemo.orchestration.exprl
-import rise_nemo.orchestration.reasoning_step
-import rise_nemo.orchestration.reward_model
-import rise_nemo.orchestration.rrl
-import rise_nemo.orchestration.step  # noqa: F401
+import rise_nemo.steps.exprl
+import rise_nemo.steps.reasoning
+import rise_nemo.steps.reward_model
+import rise_nemo.steps.rrl
+import rise_nemo.steps.rubric  # noqa: F401
 from rise_nemo.core.rubric import RubricPrompt
 from rise_nemo.interfaces import Critic, Generator, Judge, Policy, Verifier
+from rise_nemo.loop import checkpoint as ckpt
+from rise_nemo.loop.data import PromptSampler
+from rise_nemo.loop.rundir import RunDirLock, write_config
+from rise_nemo.loop.signals import StopFlag
 from rise_nemo.methods import RunParts, get_method
-from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.data import PromptSampler
-from rise_nemo.orchestration.reasoning_step import REASONING_PROGRESS_KEYS  # noqa: F401 (re-exported)
-from rise_nemo.orchestration.rundir import RunDirLock, write_config
-from rise_nemo.orchestration.signals import StopFlag
-from rise_nemo.orchestration.step import PROGRESS_KEYS, make_schedule  # noqa: F401 (re-exported)
-from rise_nemo.orchestration.tokens import pad_id_of
+from rise_nemo.steps.reasoning import REASONING_PROGRESS_KEYS  # noqa: F401 (re-exported)
+from rise_nemo.steps.rollouts import pad_id_of
+from rise_nemo.steps.rubric import PROGRESS_KEYS, make_schedule  # noqa: F401 (re-exported)
 from rise_nemo.stopping import StopInterrupted
 
 log = logging.getLogger("rise_nemo.train")
@@ -304,11 +304,11 @@ class Trainer:
 
     def _pretrain_critic(self) -> None:
         """``ppo.critic_pretrain_updates`` > 0 on a fresh run (step 0): fit the critic to the warm start's
-        rollouts before step 1 (orchestration.critic_ranking); the result goes to critic_pretrain.json and
+        rollouts before step 1 (steps.critic); the result goes to critic_pretrain.json and
         the log. A resumed run's critic comes from its checkpoint, so nothing happens then."""
         if self.critic is None or self.step != 0 or int(self.cfg.ppo.critic_pretrain_updates) == 0:
             return
-        from rise_nemo.orchestration.critic_ranking import pretrain_critic
+        from rise_nemo.steps.critic import pretrain_critic
 
         out = pretrain_critic(self.ctx, self._train_prompts, int(self.cfg.run.seed))
         (self.run_dir / "critic_pretrain.json").write_text(json.dumps(out, indent=1))

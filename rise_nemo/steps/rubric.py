@@ -242,7 +242,7 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
             samples += guided
 
     if ctx.samples_per_step:
-        from rise_nemo.orchestration.samples import sample_records
+        from rise_nemo.steps.samples import sample_records
 
         ctx.last_samples = sample_records(step, prompts, nat, priv, targets, samples, ctx.samples_per_step)
     batch = build_batch(samples, ctx.pad_id)
@@ -739,8 +739,8 @@ class RubricStep:
 
     @staticmethod
     def evaluate(ctx: StepContext, eval_prompts: Sequence[RubricPrompt], step: int) -> tuple[dict[str, Any], dict]:
-        """Guidance-free evaluation (rise_nemo.orchestration.evaluate): (result, fields to log)."""
-        from rise_nemo.orchestration.evaluate import evaluate
+        """Guidance-free evaluation (rise_nemo.steps.rubric_eval): (result, fields to log)."""
+        from rise_nemo.steps.rubric_eval import evaluate
 
         result = evaluate(ctx.cfg, ctx.generator, ctx.judge, eval_prompts, step)
         return result, {"reward": result["reward_mean"], "persistent coverage": result["persistent_coverage"],

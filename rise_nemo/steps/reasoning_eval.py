@@ -44,7 +44,7 @@ def evaluate_reasoning(
     step_accuracy: Callable[[ReasoningProblem, str], tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
     """Sample, verify and summarise; see the module docstring. Global RNG states are left untouched."""
-    from rise_nemo.orchestration.evaluate import preserved_rng
+    from rise_nemo.steps.rubric_eval import preserved_rng
 
     with preserved_rng():
         groups = generator.generate([list(p.messages) for p in problems], n, params)

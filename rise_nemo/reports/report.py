@@ -31,7 +31,7 @@ class RunData:
     evals: list[dict[str, Any]] = field(default_factory=list)
     switch_step: int | None = None
     config: dict[str, Any] = field(default_factory=dict)
-    # A pipeline's stage (rise_nemo.orchestration.pipeline): the pipeline directory, the stage's position and
+    # A pipeline's stage (rise_nemo.loop.pipeline): the pipeline directory, the stage's position and
     # the steps of the stages before it, so every stage is drawn on one timeline (this stage's step s at
     # step_offset + s).
     pipeline: Path | None = None
@@ -61,7 +61,7 @@ def load_run(path: str | Path) -> RunData:
     evals = [json.loads(p.read_text()) for p in sorted((path / "eval").glob("step_*.json"))] \
         if (path / "eval").is_dir() else []
     label = f"{path.name} (s{seed})" if method in path.name else f"{method} {path.name} (s{seed})"
-    from rise_nemo.orchestration.pipeline import stage_position
+    from rise_nemo.loop.pipeline import stage_position
 
     position = stage_position(path)
     return RunData(path, label, method, seed, metrics, evals, switch_step=_switch_step(metrics),
@@ -277,7 +277,7 @@ def make_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = Non
         out_dir = runs[0].path / "report" if len(runs) == 1 else runs[0].path.parent / "report"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    from rise_nemo.orchestration.reasoning_report import (
+    from rise_nemo.reports.reasoning import (
         is_reasoning_run,
         reasoning_markdown,
         write_reasoning_plots,

@@ -24,7 +24,7 @@ from rise_nemo.core.metrics import criterion_coverage
 from rise_nemo.core.rewards import rubric_reward
 from rise_nemo.core.rubric import RubricPrompt
 from rise_nemo.interfaces import Generator, Judge, SamplingParams
-from rise_nemo.orchestration.step import STREAM_EVAL, derive_seed, judge_groups
+from rise_nemo.steps.rubric import STREAM_EVAL, derive_seed, judge_groups
 
 
 class EvaluationError(RuntimeError):
