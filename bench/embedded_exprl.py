@@ -212,7 +212,7 @@ def reference_vs_own_nll(cfg, problems) -> tuple[float, float]:
     """Per-token NLL under a fresh warm start of ``cfg`` of the problems' references and of the model's own
     samples (one each, the step-0 evaluation stream)."""
     from rise_nemo.loop.warm_start import warm_started_backend
-    from rise_nemo.steps.rubric_eval import eval_sampling_params
+    from rise_nemo.steps.rollouts import eval_sampling_params
     from rise_nemo.tasks.sft import Example, response_nll
 
     policy, generator, _ = warm_started_backend(cfg)

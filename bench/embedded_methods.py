@@ -153,7 +153,7 @@ def premise_measurements(args, extra: list[str]) -> dict:
 
 def train_one(method: str, seed: int, args, extra=(), label: str = "") -> dict:
     from rise_nemo.loop.run import build_trainer
-    from rise_nemo.reports.report import curve_auc
+    from rise_nemo.reports.runs import curve_auc
 
     run_dir = Path(args.out) / (f"r{label}" if label else "") / f"{method}_s{seed}"
     if run_dir.exists():

@@ -33,7 +33,7 @@ Measured (premise task; worst seed):
   step_ratio        RRL / PPO mean training-step time, measured side by side in this process (target <= 1.25)
   ref_hard_pass1_ratio  rrl_ref / PPO hard pass@1 (when rrl_ref runs)
   control_ratio     RRL / PPO hard pass@1 on the control task (expected near 1)
-  critic_auc        RRL's critic/auc (correct-so-far vs already-wrong prefixes, steps.critic)
+  critic_auc        RRL's critic/auc (correct-so-far vs already-wrong prefixes, steps.reasoning.prefix_value_auc)
                     over the last 5 steps, mean over seeds; pretrain_auc: after pre-training, held-out rollouts
 
 Ends with
@@ -130,7 +130,7 @@ def run_task(args: argparse.Namespace, task: str) -> dict:
     from rise_nemo.loop.data import PromptSampler, load_prompts, reasoning_tools
     from rise_nemo.loop.warm_start import evaluate_heldout, warm_started_backend
     from rise_nemo.methods import get_method
-    from rise_nemo.steps.critic import pretrain_critic
+    from rise_nemo.steps.critic_pretrain import pretrain_critic
     from rise_nemo.steps.reasoning import ReasoningContext, reasoning_train_step
     from rise_nemo.steps.rollouts import pad_id_of
     from rise_nemo.steps.rrl import make_step_hooks
@@ -233,8 +233,7 @@ def measure_premise(cfg, generator, verifier, problems, late_from: int, samples:
     """Reach rate of the first late step with a correct prefix, and pass@1 from the clean reference cut before
     it vs from scratch, on the warm start (the evaluation sampling parameters, their step-0 stream)."""
     from rise_nemo.data.chain_task import leading_correct_steps, step_prefixes
-    from rise_nemo.steps.rollouts import encode_response
-    from rise_nemo.steps.rubric_eval import eval_sampling_params
+    from rise_nemo.steps.rollouts import encode_response, eval_sampling_params
 
     params = eval_sampling_params(cfg, 0)
     scratch = generator.generate([list(p.messages) for p in problems], samples, params)

@@ -128,7 +128,7 @@ def run_rubric(args: argparse.Namespace, recipes: Path, out: Path) -> int:
 def comparison_table(rows) -> str:
     """Final guidance-free numbers per method, then the persistent-coverage curve over the evaluations
     (RISE-RL's expected gain is EARLIER discovery, so the curve and its AUC matter, not only the end)."""
-    from rise_nemo.reports.report import curve_auc
+    from rise_nemo.reports.runs import curve_auc
 
     def pct(x):
         return "-" if x is None else f"{100 * x:5.1f}%"
@@ -247,8 +247,8 @@ def run_reasoning(args: argparse.Namespace, recipes: Path, out: Path) -> int:
 def reasoning_comparison_table(rows: list[dict]) -> str:
     """Held-out pass@1 / pass@8 pooled over the training levels and on the hardest level: warm start ->
     after training, per method, with the training time and run directory."""
-    from rise_nemo.loop.warm_start import pooled_pass_at_k
     from rise_nemo.reports.reasoning import levels_name
+    from rise_nemo.steps.reasoning_eval import pooled_pass_at_k
 
     def pct(x):
         return "-" if x is None else f"{100 * x:.1f}%"

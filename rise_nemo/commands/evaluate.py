@@ -201,7 +201,7 @@ def _reasoning_eval(cfg, generator, problems, step: int) -> tuple[dict, str]:
     """pass@k per level on a reasoning task: (result, printable table)."""
     from rise_nemo.loop.data import reasoning_tools
     from rise_nemo.steps.reasoning_eval import evaluate_reasoning, format_reasoning_eval
-    from rise_nemo.steps.rubric_eval import eval_sampling_params
+    from rise_nemo.steps.rollouts import eval_sampling_params
 
     verifier, step_accuracy = reasoning_tools(cfg)
     result = evaluate_reasoning(generator, verifier, problems, int(cfg.eval.samples_per_prompt),

@@ -170,7 +170,7 @@ def eval_differences(previous: Any, cfg: Any) -> list[str]:
     """What makes a stage's step-0 evaluation differ from the previous stage's final one of the same weights,
     besides the stream (``eval_stream_offset`` aligns that): its sampling parameters, samples per prompt, the
     held-out set and the seed. Empty when the two evaluations are the same computation."""
-    from rise_nemo.steps.rubric_eval import eval_sampling_params
+    from rise_nemo.steps.rollouts import eval_sampling_params
 
     a = eval_sampling_params(previous, int(previous.train.steps))
     b = eval_sampling_params(cfg, 0)
@@ -207,20 +207,6 @@ def final_checkpoint(run_dir: Path) -> Path:
     if path is None:
         raise UserError(f"{run_dir}: the previous stage finished without a checkpoint to start from")
     return path
-
-
-def init_policy_from(policy: Any, checkpoint: Path) -> None:
-    """Load only the policy weights of ``checkpoint`` (the previous stage's final one): a fresh optimiser, and
-    the KL reference (if any) becomes these weights (the local policy's ``begin_stage``). Local backend (its
-    ``policy/state.pt``); NeMo-RL stages start from a converted checkpoint named in their recipe
-    (docs/DESIGN.md §8)."""
-    if not hasattr(policy, "begin_stage"):
-        raise UserError(f"init: previous needs the local backend's checkpoint format ({checkpoint}/policy); on "
-                        "NeMo-RL point the next stage's nemo.policy.model_name at Stage I's converted checkpoint")
-    try:
-        policy.begin_stage(checkpoint / "policy")
-    except FileNotFoundError as exc:
-        raise UserError(f"init: previous: {exc}") from None
 
 
 def run_pipeline(pipeline: Pipeline, overrides: Sequence[str] = (), stop_after: int | None = None) -> int:

@@ -136,9 +136,7 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
             check_tokenizer_covers(cfg, generator, train_prompts)
             if latest is None:
                 if init_from is not None:
-                    from rise_nemo.loop.pipeline import init_policy_from
-
-                    init_policy_from(policy, Path(init_from))
+                    ckpt.init_policy_from(policy, Path(init_from))
                 else:
                     warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
             reasoning: dict[str, Any] = {}

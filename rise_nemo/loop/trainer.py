@@ -4,7 +4,8 @@ Run directory (docs/CONTRACTS.md)::
 
     .lock              held (flock) while a trainer runs here: a second trainer is refused (rundir.py)
     config.yaml        resolved recipe, secrets redacted; config_history/ keeps replaced versions
-    metrics.jsonl      one JSON object per step (see step.step_metrics for the keys) + judge/* counters
+    metrics.jsonl      one JSON object per step (the step's metrics: steps.rubric.step_metrics,
+                       steps.reasoning.reasoning_metrics) + judge/* counters
     samples.jsonl      a few rollouts per step: prompt, hinted?, response, verdicts, reward, advantage, kind
                        (reasoning methods: prompt, difficulty, response, given/sampled tokens, reward, advantage)
     train.log          human-readable log: start, resume (step, SLURM_RESTART_COUNT), evals, signals
@@ -39,7 +40,8 @@ import rise_nemo.steps.exprl
 import rise_nemo.steps.reasoning
 import rise_nemo.steps.reward_model
 import rise_nemo.steps.rrl
-import rise_nemo.steps.rubric  # noqa: F401
+import rise_nemo.steps.rubric
+import rise_nemo.steps.sft  # noqa: F401
 from rise_nemo.core.rubric import RubricPrompt
 from rise_nemo.interfaces import Critic, Generator, Judge, Policy, Verifier
 from rise_nemo.loop import checkpoint as ckpt
@@ -47,9 +49,7 @@ from rise_nemo.loop.data import PromptSampler
 from rise_nemo.loop.rundir import RunDirLock, write_config
 from rise_nemo.loop.signals import StopFlag
 from rise_nemo.methods import RunParts, get_method
-from rise_nemo.steps.reasoning import REASONING_PROGRESS_KEYS  # noqa: F401 (re-exported)
 from rise_nemo.steps.rollouts import pad_id_of
-from rise_nemo.steps.rubric import PROGRESS_KEYS, make_schedule  # noqa: F401 (re-exported)
 from rise_nemo.stopping import StopInterrupted
 
 log = logging.getLogger("rise_nemo.train")
@@ -182,7 +182,7 @@ class Trainer:
         """One training step. If a stop request makes a server it needs fail (StopInterrupted: on a Slurm
         requeue or preemption the judge servers are killed with the job), the step is abandoned and the
         state from before it is checkpointed: every server call of a step comes before its policy update
-        (step.py), so the policy still is the previous step's. Re-raises for ``run`` to stop."""
+        (rise_nemo.steps), so the policy still is the previous step's. Re-raises for ``run`` to stop."""
         before = self._resume_state()
         self.step += 1
         try:
@@ -304,11 +304,11 @@ class Trainer:
 
     def _pretrain_critic(self) -> None:
         """``ppo.critic_pretrain_updates`` > 0 on a fresh run (step 0): fit the critic to the warm start's
-        rollouts before step 1 (steps.critic); the result goes to critic_pretrain.json and
+        rollouts before step 1 (rise_nemo.steps.critic_pretrain); the result goes to critic_pretrain.json and
         the log. A resumed run's critic comes from its checkpoint, so nothing happens then."""
         if self.critic is None or self.step != 0 or int(self.cfg.ppo.critic_pretrain_updates) == 0:
             return
-        from rise_nemo.steps.critic import pretrain_critic
+        from rise_nemo.steps.critic_pretrain import pretrain_critic
 
         out = pretrain_critic(self.ctx, self._train_prompts, int(self.cfg.run.seed))
         (self.run_dir / "critic_pretrain.json").write_text(json.dumps(out, indent=1))

@@ -45,7 +45,7 @@ def evaluate_heldout(cfg: Any, generator: Any, problems: Sequence[Any], n: int |
     trainer's step-0 evaluation)."""
     from rise_nemo.loop.data import reasoning_tools
     from rise_nemo.steps.reasoning_eval import evaluate_reasoning
-    from rise_nemo.steps.rubric_eval import eval_sampling_params
+    from rise_nemo.steps.rollouts import eval_sampling_params
 
     verifier, step_accuracy = reasoning_tools(cfg)
     n = int(cfg.eval.samples_per_prompt) if n is None else int(n)
@@ -91,11 +91,3 @@ def format_warm_start_properties(props: dict[str, Any]) -> str:
             + (" -> all met" if props["all_met"] else " -> NOT all met"))
 
 
-def pooled_pass_at_k(result: dict[str, Any], levels: Sequence[int], k: int) -> float | None:
-    """pass@k of an ``evaluate_reasoning`` result pooled over ``levels`` (each level's mean weighted by its
-    number of problems); None when a level is missing or has no pass@k (fewer than k samples)."""
-    rows = [result["levels"].get(str(level)) for level in levels]
-    if not rows or any(r is None or r["pass_at_k"].get(str(k)) is None for r in rows):
-        return None
-    total = sum(r["problems"] for r in rows)
-    return sum(r["pass_at_k"][str(k)] * r["problems"] for r in rows) / total

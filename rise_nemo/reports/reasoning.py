@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rise_nemo.reports.runs import series, write_plots
+
 MAX_LEVEL_PANELS = 4
 BOUNDARY = {"color": "0.35", "linestyle": "-.", "linewidth": 1.0}  # a pipeline's stage boundary
 
@@ -108,9 +110,8 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator, NullLocator, ScalarFormatter
 
-    from rise_nemo.loop.warm_start import pooled_pass_at_k
     from rise_nemo.methods import METHODS
-    from rise_nemo.reports.report import _series
+    from rise_nemo.steps.reasoning_eval import pooled_pass_at_k
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     tracks = make_tracks(runs)
@@ -228,9 +229,9 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
     for kind, title, ylabel in (
             ("verifier", "training reward: verifier (0/1)", "mean reward (fraction correct)"),
             ("judge", "training reward: reference judge", "mean judge score, (s - 1) / 4 of 1..5")):
-        if any(reward_kind(r) == kind and _series(r, "reward/mean")[0] for r in runs):
+        if any(reward_kind(r) == kind and series(r, "reward/mean")[0] for r in runs):
             panels.append(("reward/mean", lambda r, k=kind: reward_kind(r) == k, title, ylabel, (-0.03, 1.03), False))
-    if any(_series(r, "critic/explained_variance")[0] for r in runs):
+    if any(series(r, "critic/explained_variance")[0] for r in runs):
         panels.append(("critic/explained_variance", lambda r: True, "critic explained variance",
                        "1 - Var[R - V] / Var[R] (gaps: undefined)", None, True))
     if panels:
@@ -239,7 +240,7 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
         for ax, (key, keep, title, ylabel, ylim, gaps) in zip(axes[0], panels):
             for track in tracks:
                 for stage in track.stages:
-                    xs, ys = _series(stage, key, gaps=gaps) if keep(stage) else ([], [])
+                    xs, ys = series(stage, key, gaps=gaps) if keep(stage) else ([], [])
                     if xs:
                         draw(ax, track, xs, ys, marker="." if len(xs) <= 40 else None)
             ax.set_title(title, fontsize=9)
@@ -251,7 +252,7 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
         figures["reasoning_train.png"] = fig
 
     # 4. RRL: the replay buffer, how many rollouts replay, and what they solve vs rollouts from scratch.
-    if any(_series(r, "rrl/buffer_size")[0] for r in runs):
+    if any(series(r, "rrl/buffer_size")[0] for r in runs):
         fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), layout="constrained")
         started = False
         for track in tracks:
@@ -259,11 +260,11 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
             for stage in track.stages:
                 for ax, key, style in ((axes[0], "rrl/buffer_size", "-"), (axes[1], "rrl/replay_fraction", "-"),
                                        (axes[2], "rrl/solve_rate_replayed", "-"), (axes[2], "rrl/solve_rate_scratch", "--")):
-                    xs, ys = _series(stage, key)
+                    xs, ys = series(stage, key)
                     if xs:
                         draw(ax, track, xs, ys, style, marker=".")
                 first = next((stage.at(m["step"]) for m in stage.metrics if m.get("rrl/stabilised")), None)
-                if first is not None and _series(stage, "rrl/buffer_size")[0]:
+                if first is not None and series(stage, "rrl/buffer_size")[0]:
                     started = True
                     for ax in axes:
                         ax.axvline(first, color=c, linestyle=":", linewidth=1.2)
@@ -284,8 +285,6 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
 
 
 def write_reasoning_plots(runs: Sequence[Any], out_dir: Path) -> list[Path]:
-    from rise_nemo.reports.report import write_plots
-
     return write_plots(runs, out_dir, build=build_reasoning_figures)
 
 

@@ -10,99 +10,14 @@ coverage table across evaluations of every run (like the paper's Tables 12-13).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from rise_nemo.reports.reasoning import is_reasoning_run, reasoning_markdown, write_reasoning_plots
+from rise_nemo.reports.runs import RunData, load_run, series, write_plots
 
 MAX_EVAL_COLUMNS = 4  # per run in the criterion table: first, last and evenly spaced ones between
-
-
-@dataclass
-class RunData:
-    path: Path
-    label: str
-    method: str
-    seed: int | None
-    metrics: list[dict[str, Any]]
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    switch_step: int | None = None
-    config: dict[str, Any] = field(default_factory=dict)
-    # A pipeline's stage (rise_nemo.loop.pipeline): the pipeline directory, the stage's position and
-    # the steps of the stages before it, so every stage is drawn on one timeline (this stage's step s at
-    # step_offset + s).
-    pipeline: Path | None = None
-    stage_index: int = 0
-    step_offset: int = 0
-
-    def at(self, step: int) -> int:
-        """The plotted step of this run's ``step`` (after the earlier stages of its pipeline)."""
-        return self.step_offset + int(step)
-
-
-def load_run(path: str | Path) -> RunData:
-    path = Path(path)
-    metrics_file = path / "metrics.jsonl"
-    if not metrics_file.is_file():
-        raise FileNotFoundError(f"{path}: not a run directory (no metrics.jsonl)")
-    metrics = []
-    for lineno, line in enumerate(metrics_file.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                metrics.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{metrics_file}:{lineno}: invalid JSON ({exc.msg})") from exc
-    cfg = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").is_file() else {}
-    method = str(cfg.get("method", "?"))
-    seed = (cfg.get("run") or {}).get("seed")
-    evals = [json.loads(p.read_text()) for p in sorted((path / "eval").glob("step_*.json"))] \
-        if (path / "eval").is_dir() else []
-    label = f"{path.name} (s{seed})" if method in path.name else f"{method} {path.name} (s{seed})"
-    from rise_nemo.loop.pipeline import stage_position
-
-    position = stage_position(path)
-    return RunData(path, label, method, seed, metrics, evals, switch_step=_switch_step(metrics),
-                   config=cfg if isinstance(cfg, dict) else {}, **(position or {}))
-
-
-def curve_auc(curve: Sequence[tuple[int, float]]) -> float:
-    """Area under a (step, value) curve by the trapezoid rule, divided by the step span: the curve's mean
-    height, so budgets of different lengths compare (used for persistent-coverage curves)."""
-    if not curve:
-        return float("nan")
-    area = sum((s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in zip(curve, curve[1:]))
-    span = curve[-1][0] - curve[0][0]
-    return area / span if span else float(curve[0][1])
-
-
-def _switch_step(metrics: Sequence[dict[str, Any]]) -> int | None:
-    """First step without guidance after a guided one (None if guidance never ran or never stopped)."""
-    was_active = False
-    for m in metrics:
-        active = bool(m.get("guidance/active"))
-        if was_active and not active:
-            return int(m["step"])
-        was_active = was_active or active
-    return None
-
-
-def _series(run: RunData, key: str, gaps: bool = False) -> tuple[list[int], list[float]]:
-    """(plotted steps, values) of a metric. An undefined value (null, e.g. the critic's explained variance on
-    a step where every rollout earned the same reward) is left out, or with ``gaps`` kept as NaN so that the
-    line breaks there; a step without the key is always left out."""
-    xs, ys = [], []
-    for m in run.metrics:
-        v = m.get(key)
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            xs.append(run.at(m["step"]))
-            ys.append(float(v))
-        elif gaps and key in m and v is None:
-            xs.append(run.at(m["step"]))
-            ys.append(float("nan"))
-    return xs, ys
 
 
 def build_figures(runs: Sequence[RunData]) -> dict[str, Any]:
@@ -152,27 +67,27 @@ def build_figures(runs: Sequence[RunData]) -> dict[str, Any]:
         figures[name] = fig
 
     def rewards(ax, run, c):
-        ax.plot(*_series(run, "reward/natural_mean"), color=c, label=f"{run.label} natural")
-        xs, ys = _series(run, "reward/privileged_mean")
+        ax.plot(*series(run, "reward/natural_mean"), color=c, label=f"{run.label} natural")
+        xs, ys = series(run, "reward/privileged_mean")
         if xs:
             ax.plot(xs, ys, color=c, linestyle="--", label=f"{run.label} privileged")
 
     def delta_r(ax, run, c):
-        xs, ys = _series(run, "guidance/delta_r")
+        xs, ys = series(run, "guidance/delta_r")
         if xs:
             ax.plot(xs, ys, color=c, marker=".", label=run.label)
 
     def retention(ax, run, c):
-        xs, ys = _series(run, "guidance/privileged_rollouts")
+        xs, ys = series(run, "guidance/privileged_rollouts")
         if xs and any(ys):
             ax.plot(xs, ys, color=c, linestyle="--", label=f"{run.label} privileged rollouts (total)")
-        xs, ys = _series(run, "guidance/retained")
+        xs, ys = series(run, "guidance/retained")
         if xs:
             ax.plot(xs, ys, color=c, marker=".", label=f"{run.label} retained (A_ref > 0)")
 
     def single(key):
         def draw(ax, run, c):
-            xs, ys = _series(run, key)
+            xs, ys = series(run, key)
             if xs:
                 ax.plot(xs, ys, color=c, label=run.label)
         return draw
@@ -200,18 +115,6 @@ def build_figures(runs: Sequence[RunData]) -> dict[str, Any]:
     finish(fig, list(axes))
     figures["eval.png"] = fig
     return figures
-
-
-def write_plots(runs: Sequence[RunData], out_dir: Path, build=build_figures) -> list[Path]:
-    """Save the figures of ``build(runs)`` (file name -> figure) into ``out_dir``; returns their paths."""
-    import matplotlib.pyplot as plt
-
-    out: list[Path] = []
-    for name, fig in build(runs).items():
-        fig.savefig(out_dir / name, dpi=110)
-        plt.close(fig)
-        out.append(out_dir / name)
-    return out
 
 
 def _pick(evals: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
@@ -277,17 +180,11 @@ def make_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = Non
         out_dir = runs[0].path / "report" if len(runs) == 1 else runs[0].path.parent / "report"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    from rise_nemo.reports.reasoning import (
-        is_reasoning_run,
-        reasoning_markdown,
-        write_reasoning_plots,
-    )
-
     if all(is_reasoning_run(r) for r in runs):  # verifier-scored reasoning runs: pass@k plots (docs/DESIGN.md §7)
         plots = write_reasoning_plots(runs, out)
         text = reasoning_markdown(runs, plots)
     else:
-        plots = write_plots(runs, out)
+        plots = write_plots(runs, out, build_figures)
         text = markdown(runs, plots)
     path = out / "report.md"
     path.write_text(text)

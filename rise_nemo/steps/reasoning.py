@@ -21,27 +21,29 @@ The seams RRL and ExpRL plug into without forking this step:
                  (critic values included) and which rollouts solved their problem (``StepScores.solved_mask``)
                  before the policy update; ``after_train`` the step's metrics.
   scores         ``ReasoningContext.score`` runs the method's registered scorer (rise_nemo.methods): rewards
-                 [N, G] and a valid mask as one ``exprl.StepScores``, which may carry per-token advantages
-                 (ExpRL-Process). Verifier 0/1 here; ExpRL's reference judge in rise_nemo.steps.exprl.
-  advantages     the method's registered advantage estimator (``group``, ``gae``, ``segment``,
-                 ``self_distillation``) writes the batch's advantage columns.
-Sampling, batch building and the policy loss are the RISE step's own stage functions
-(rise_nemo.steps.rubric): one piece of code where the logic is the same.
+                 [N, G] and a valid mask as one ``StepScores``, which may carry per-token advantages
+                 (ExpRL-Process). Verifier 0/1 here; ExpRL's reference judge in rise_nemo.steps.exprl, a reward
+                 model's score in rise_nemo.steps.reward_model.
+  advantages     the method's registered advantage estimator (``group`` and ``gae`` here, ``segment`` and
+                 ``self_distillation`` in rise_nemo.steps.exprl) writes the batch's advantage columns.
+Sampling parameters, batch building and the policy loss are every step's (rise_nemo.steps.rollouts); the SFT
+baseline's step is rise_nemo.steps.sft.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from rise_nemo.core.advantages import group_advantages
-from rise_nemo.core.metrics import finite_or_none, perplexity_variance
+from rise_nemo.core.metrics import finite_or_none, perplexity_variance, ranking_auc
 from rise_nemo.core.problem import ReasoningProblem
+from rise_nemo.core.replay import state_boundaries
 from rise_nemo.core.value import (
     explained_variance,
     gae,
@@ -51,22 +53,33 @@ from rise_nemo.core.value import (
     whiten,
 )
 from rise_nemo.interfaces import KIND_NATURAL, Critic, Generator, Policy, Rollout, Verifier
-from rise_nemo.methods import (
-    Method,
-    register_advantage,
-    register_hooks,
-    register_loss,
-    register_scorer,
-    register_step,
-)
-from rise_nemo.steps import exprl
-from rise_nemo.steps.rubric import (
+from rise_nemo.methods import Method, register_advantage, register_hooks, register_scorer, register_step
+from rise_nemo.steps.rollouts import (
     STREAM_NATURAL,
     TrainSample,
     build_batch,
+    eval_sampling_params,
+    find_tokenizer,
     sampling_params,
+    token_texts,
 )
-from rise_nemo.steps.samples import reasoning_sample_records, sft_sample_records
+
+
+@dataclass
+class StepScores:
+    """What a reasoning step's scoring hook returns. rewards, valid: [N, G]; token_advantages: per (i, j)
+    of a valid rollout, advantages aligned with its ``response_token_ids`` (per-token methods only)."""
+
+    rewards: torch.Tensor
+    valid: torch.Tensor
+    token_advantages: dict[tuple[int, int], torch.Tensor] | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    # [N, G] bool: which rollouts solved their problem (RRL's "correct", Algorithm 1 lines 9 and 14); None =
+    # reward > 0.5, i.e. the 0/1 verifier's verdict. The reward-model scorer sets it (beats the reference reply).
+    solved: torch.Tensor | None = None
+
+    def solved_mask(self) -> torch.Tensor:
+        return self.solved if self.solved is not None else self.rewards > 0.5
 
 
 @register_hooks("none")
@@ -132,7 +145,7 @@ class ReasoningContext:
         if self.hooks is None:
             self.hooks = StepHooks()
 
-    def score(self, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]]) -> exprl.StepScores:
+    def score(self, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]]) -> StepScores:
         """The step's rewards from the registered scorer: the recipe's ``reward.scorer`` or the method's own."""
         return self.method.scorer_fn(self.cfg.reward.scorer)(self, problems, groups)
 
@@ -152,12 +165,12 @@ class ReasoningContext:
 
 @register_scorer("verifier")
 def verifier_scores(ctx: ReasoningContext, problems: Sequence[ReasoningProblem],
-                    groups: Sequence[Sequence[Rollout]]) -> exprl.StepScores:
+                    groups: Sequence[Sequence[Rollout]]) -> StepScores:
     """The verifier's 0/1 rewards. A verifier with a ``batch_metrics()`` method (e.g. the code reward's pass
     fraction and outcome kinds) adds what it returns, for the batch it just verified, to the step's metrics."""
     rewards, valid = verify_rewards(ctx.verifier, problems, groups)
     batch_metrics = getattr(ctx.verifier, "batch_metrics", None)
-    return exprl.StepScores(rewards, valid, metrics=dict(batch_metrics()) if callable(batch_metrics) else {})
+    return StepScores(rewards, valid, metrics=dict(batch_metrics()) if callable(batch_metrics) else {})
 
 
 def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProblem], step: int) -> dict[str, Any]:
@@ -241,7 +254,7 @@ def critic_warmup(ctx: ReasoningContext, step: int) -> bool:
 
 
 @register_advantage("group")
-def group_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exprl.StepScores,
+def group_advantage_columns(ctx: ReasoningContext, problems, groups, scored: StepScores,
                             batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Eq. 1 of RISE-RL / GRPO: group-normalised rewards, one per row."""
     batch["advantages"] = group_advantages(scored.rewards, eps=float(ctx.cfg.advantage.eps), valid=scored.valid)[scored.valid]
@@ -249,38 +262,14 @@ def group_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exp
 
 
 @register_advantage("gae")
-def gae_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exprl.StepScores,
+def gae_advantage_columns(ctx: ReasoningContext, problems, groups, scored: StepScores,
                           batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     """PPO: critic values and GAE (add_gae_columns) on the sparse reward of each row; ``critic/auc`` where the
-    task knows which prefixes are correct so far (steps.critic)."""
+    task knows which prefixes are correct so far (prefix_value_auc)."""
     out = add_gae_columns(ctx, batch, scored.rewards[scored.valid])  # token_advantages, values, returns
     if ctx.step_accuracy is not None:
-        from rise_nemo.steps.critic import prefix_value_auc
-
         out["critic/auc"] = prefix_value_auc(ctx, problems, groups, scored.valid, batch, batch["values"])
     return out
-
-
-@register_advantage("segment")
-def segment_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exprl.StepScores,
-                              batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """ExpRL-Process: the scorer's per-token segment advantages, no group normalisation."""
-    if scored.token_advantages is None:
-        raise ValueError(f"method {ctx.method.name!r}: advantage 'segment' needs a scorer that gives per-token "
-                         f"advantages; scorer {ctx.cfg.reward.scorer or ctx.method.scorer!r} gives none")
-    batch["token_advantages"] = place_token_advantages(batch, groups, scored.valid, scored.token_advantages)
-    batch["advantages"] = torch.zeros(batch["token_mask"].shape[0])
-    return {}
-
-
-@register_advantage("self_distillation")
-def self_distillation_advantage_columns(ctx: ReasoningContext, problems, groups, scored: exprl.StepScores,
-                                        batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """On-policy self-distillation: the reference-in-context teacher's per-token advantages."""
-    batch["token_advantages"] = exprl.self_distillation_advantages(ctx, problems, groups, scored.valid, batch)
-    batch["advantages"] = torch.zeros(batch["token_mask"].shape[0])
-    mask = batch["token_mask"].bool()
-    return {"distill/reverse_kl": float(-batch["token_advantages"][mask].mean()) if bool(mask.any()) else None}
 
 
 def place_token_advantages(batch: dict[str, torch.Tensor], groups, valid: torch.Tensor,
@@ -294,20 +283,6 @@ def place_token_advantages(batch: dict[str, torch.Tensor], groups, valid: torch.
         end = int(batch["input_lengths"][row])
         out[row, end - len(adv) : end] = adv
     return out * batch["token_mask"]
-
-
-def sft_step(ctx: ReasoningContext, problems: Sequence[ReasoningProblem], step: int) -> dict[str, Any]:
-    """The SFT baseline: one optimiser step of NLL on the problems' reference solutions (plain prompts)."""
-    t_start = time.perf_counter()
-    batch = exprl.sft_reference_batch(ctx, problems)
-    if ctx.samples_per_step:
-        ctx.last_samples = sft_sample_records(step, problems, batch, ctx.samples_per_step)
-    t_sample = time.perf_counter()
-    train_metrics = ctx.policy.train(batch, ctx.method.loss_factory()(ctx.cfg))
-    t_train = time.perf_counter()
-    n = len(problems)
-    return reasoning_metrics(step, [[] for _ in problems], torch.zeros(n, 1), torch.zeros(n, 1, dtype=torch.bool),
-                             batch, train_metrics, times=(t_start, t_sample, t_train))
 
 
 def sample_groups(
@@ -413,14 +388,6 @@ def reasoning_metrics(step, groups, rewards, valid, batch, train_metrics, times)
     return metrics
 
 
-@register_loss("sft_nll")
-def make_sft_loss(cfg: Any, lam: float = 0.0, token_weighting: str = "policy_support") -> Any:
-    """Teacher-forced NLL (rise_nemo.tasks.sft); the policy-loss arguments do not apply."""
-    from rise_nemo.tasks.sft import sft_loss
-
-    return sft_loss
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The training steps of the reasoning methods (rise_nemo.methods.register_step)
 
@@ -455,21 +422,77 @@ class ReasoningStep:
     def evaluate(ctx: ReasoningContext, eval_prompts: Sequence[Any], step: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """pass@1 on the held-out problems (rise_nemo.steps.reasoning_eval): (result, fields to log)."""
         from rise_nemo.steps.reasoning_eval import evaluate_reasoning
-        from rise_nemo.steps.rubric_eval import eval_sampling_params
 
         result = evaluate_reasoning(ctx.generator, ctx.verifier, eval_prompts, int(ctx.cfg.eval.samples_per_prompt),
                                     eval_sampling_params(ctx.cfg, step), step, step_accuracy=ctx.step_accuracy)
         return result, {"pass@1": result["pass_at_1"], "mean length": f"{result['response_length']:.1f}"}
 
 
-@register_step("sft")
-class SFTStep(ReasoningStep):
-    """The SFT baseline: the reasoning step's context and evaluation, NLL on the references (no sampling)."""
+def reasoning_sample_records(step: int, problems: Sequence[Any], groups: Sequence[Sequence[Any]], rewards: Any,
+                             valid: Any, batch: Mapping[str, Any], cap: int) -> list[dict[str, Any]]:
+    """What the step trained on, for ``samples.jsonl``: per rollout the step, prompt id, difficulty, the response
+    (given prefix + sampled continuation, as generated), how many of its tokens were given (a replayed prefix /
+    start state: context only, not trained) and how many sampled, the reward (null when the verifier could not
+    decide: not trained on), the advantage it was trained with (GRPO: its group advantage; PPO: the mean of its
+    per-token GAE advantages over the sampled tokens) and its kind (0). At most ``cap`` rollouts per step, the
+    first problems of the batch in order. ``groups[i][j]`` is problem i's j-th rollout; ``rewards`` / ``valid``
+    [N, G]; ``batch`` holds one row per valid rollout in (i, j) order with ``token_advantages`` [B, T] (PPO) or
+    ``advantages`` [B] (GRPO)."""
+    per_row = batch.get("token_advantages")
+    if per_row is not None:
+        mask = batch["token_mask"]
+        per_row = (per_row * mask).sum(1) / mask.sum(1).clamp(min=1)
+    else:
+        per_row = batch["advantages"]
+    records: list[dict[str, Any]] = []
+    row = 0
+    for i, group in enumerate(groups):
+        for j, rollout in enumerate(group):
+            trained = bool(valid[i, j])
+            if len(records) < cap:
+                given = int(rollout.given_token_count)
+                records.append({
+                    "step": step,
+                    "prompt_id": problems[i].prompt_id,
+                    "difficulty": problems[i].difficulty,
+                    "response": rollout.response_text,
+                    "given_tokens": given,
+                    "sampled_tokens": len(rollout.response_token_ids) - given,
+                    "reward": float(rewards[i, j]) if trained else None,
+                    "advantage": float(per_row[row]) if trained else None,
+                    "kind": 0 if trained else None,
+                })
+            row += int(trained)
+    return records
 
-    scores_rollouts = False
 
-    train_step = staticmethod(sft_step)
+def prefix_value_auc(ctx: Any, problems: Sequence[Any], groups: Sequence[Sequence[Any]], valid: torch.Tensor,
+                     batch: dict[str, torch.Tensor], values: torch.Tensor) -> float | None:
+    """``critic/auc`` (docs/DESIGN.md §9.5): where the task knows the truth of a partial solution (its
+    step-accuracy checker: a prefix is "correct so far" when every step it writes is right), the AUC
+    (core.metrics.ranking_auc) of the critic's value V(q; y_1..y_k) at the step cut points k
+    (core.replay.state_boundaries) separating correct-so-far prefixes from already-wrong ones, over the sampled
+    part of every valid rollout (batch row b = the b-th valid rollout). RRL's argmax-V state selection is only
+    as good as this ranking (0.5 = arbitrary cut points). None without a step-accuracy checker or when one class
+    is empty."""
+    scores, labels = prefix_scores_and_labels(ctx, problems, groups, valid, batch, values)
+    return ranking_auc(scores, labels) if scores else None
 
-    @staticmethod
-    def progress_keys(method: Method) -> tuple[tuple[str, str], ...]:
-        return (("sft/nll", "nll"),)
+
+def prefix_scores_and_labels(ctx: Any, problems, groups, valid, batch, values) -> tuple[list[float], list[bool]]:
+    check = getattr(ctx, "step_accuracy", None)
+    if check is None:
+        return [], []
+    tok = find_tokenizer(ctx.generator)
+    marker = str(ctx.cfg.rrl.step_marker)
+    scores, labels = [], []
+    for row, (i, _, rollout) in enumerate(batch_rollouts(batch, groups, valid)):  # row b = valid rollout b
+        ids = list(rollout.response_token_ids)
+        prompt_len = int(batch["input_lengths"][row]) - len(ids)
+        for k in state_boundaries(token_texts(ctx.generator, ids), "step", marker):
+            if k <= rollout.given_token_count:
+                continue  # a replayed state's own cut points are not this rollout's states
+            correct, total = check(problems[i], tok.decode(ids[:k], skip_special_tokens=True))
+            scores.append(float(values[row, prompt_len + k]))
+            labels.append(0 < total == correct)  # a prefix without a readable step is not correct so far
+    return scores, labels

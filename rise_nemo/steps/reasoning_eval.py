@@ -23,6 +23,7 @@ from typing import Any
 from rise_nemo.core.metrics import pass_at_k
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.interfaces import Generator, SamplingParams, Verifier
+from rise_nemo.steps.rollouts import preserved_rng
 
 
 def k_values(n: int) -> list[int]:
@@ -44,8 +45,6 @@ def evaluate_reasoning(
     step_accuracy: Callable[[ReasoningProblem, str], tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
     """Sample, verify and summarise; see the module docstring. Global RNG states are left untouched."""
-    from rise_nemo.steps.rubric_eval import preserved_rng
-
     with preserved_rng():
         groups = generator.generate([list(p.messages) for p in problems], n, params)
     flat_p = [p for p, g in zip(problems, groups) for _ in g]
@@ -126,3 +125,13 @@ def format_reasoning_eval(result: dict[str, Any]) -> str:
     if left_out:
         lines.append("problems left out of pass@k (fewer than k samples the verifier decided): " + "; ".join(left_out))
     return "\n".join(lines)
+
+
+def pooled_pass_at_k(result: dict[str, Any], levels: Sequence[int], k: int) -> float | None:
+    """pass@k of an ``evaluate_reasoning`` result pooled over ``levels`` (each level's mean weighted by its
+    number of problems); None when a level is missing or has no pass@k (fewer than k samples)."""
+    rows = [result["levels"].get(str(level)) for level in levels]
+    if not rows or any(r is None or r["pass_at_k"].get(str(k)) is None for r in rows):
+        return None
+    total = sum(r["problems"] for r in rows)
+    return sum(r["pass_at_k"][str(k)] * r["problems"] for r in rows) / total

@@ -27,7 +27,7 @@ from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.core.rewards import reward_model_rewards
 from rise_nemo.interfaces import Rollout
 from rise_nemo.methods import register_scorer
-from rise_nemo.steps.exprl import StepScores
+from rise_nemo.steps.reasoning import StepScores
 
 SCORER = "reward_model"
 

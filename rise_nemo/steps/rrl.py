@@ -45,8 +45,7 @@ from rise_nemo.errors import UserError
 from rise_nemo.interfaces import Rollout
 from rise_nemo.methods import register_hooks
 from rise_nemo.steps.reasoning import ReasoningContext, StepHooks, batch_rollouts
-from rise_nemo.steps.rollouts import encode_response, find_tokenizer, token_texts
-from rise_nemo.steps.rubric import TrainSample, build_batch
+from rise_nemo.steps.rollouts import TrainSample, build_batch, encode_response, find_tokenizer, token_texts
 
 SOURCE_POLICY, SOURCE_CANONICAL = "policy", "canonical"
 log = logging.getLogger("rise_nemo.rrl")

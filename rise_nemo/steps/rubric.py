@@ -39,7 +39,7 @@ from rise_nemo.core.guidance import (
     sentence_span,
     token_span_mask,
 )
-from rise_nemo.core.losses import ObjectiveConfig, overlong_penalty, policy_loss_fn
+from rise_nemo.core.losses import overlong_penalty
 from rise_nemo.core.metrics import finite_or_none
 from rise_nemo.core.prompts import (
     build_privileged_prompt,
@@ -58,18 +58,18 @@ from rise_nemo.interfaces import (
     JudgeRequest,
     Policy,
     Rollout,
-    SamplingParams,
     Verdict,
 )
-from rise_nemo.methods import Method, register_advantage, register_loss, register_scorer, register_step
-
-# Seed streams: each generate call in a step gets its own seed derived from (run seed, step, stream), so a
-# resumed run samples exactly what the uninterrupted run sampled.
-STREAM_NATURAL, STREAM_PRIVILEGED, STREAM_EVAL = 1, 2, 3
-
-
-def derive_seed(run_seed: int, step: int, stream: int) -> int:
-    return (run_seed * 1_000_003 + step * 7_919 + stream * 104_729) % (2**31 - 1)
+from rise_nemo.methods import Method, register_advantage, register_scorer, register_step
+from rise_nemo.steps.rollouts import (
+    STREAM_NATURAL,
+    STREAM_PRIVILEGED,
+    TrainSample,
+    build_batch,
+    generate_groups,
+    sampling_params,
+)
+from rise_nemo.steps.rubric_eval import evaluate, judge_groups
 
 
 def make_schedule(cfg: Any) -> GuidanceSchedule:
@@ -176,21 +176,6 @@ class Scored:
         return float(self.rewards[self.valid].mean()) if bool(self.valid.any()) else None
 
 
-@dataclass
-class TrainSample:
-    prompt_ids: list[int]  # ORIGINAL prompt's tokens (guided and RuscaRL rows are spliced onto them)
-    response_ids: list[int]
-    kind: int
-    advantage: float
-    generation_logprobs: list[float]
-    # True only when the response was sampled under prompt_ids itself: only then may its sampler log-probs
-    # serve as the PPO reference (core.logprobs.ppo_reference_logprobs).
-    sampled_under_train_prompt: bool
-    source: tuple[bool, int, int] | None = None  # (privileged?, group row, index in group): samples.jsonl
-    loss_mask: list[int] | None = None  # per response token, 0 = excluded from the loss (masked penalised span)
-    given_tokens: int = 0  # leading response tokens that were given (a replayed state): context, not trained
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The step
 
@@ -242,8 +227,6 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
             samples += guided
 
     if ctx.samples_per_step:
-        from rise_nemo.steps.samples import sample_records
-
         ctx.last_samples = sample_records(step, prompts, nat, priv, targets, samples, ctx.samples_per_step)
     batch = build_batch(samples, ctx.pad_id)
     if not getattr(ctx.policy, "fills_prev_logprobs", False):  # only the loss reads them (the PPO ratio's pi_old)
@@ -262,15 +245,6 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
 # Stages
 
 
-def sampling_params(cfg: Any, step: int, stream: int) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=int(cfg.sampling.max_new_tokens),
-        temperature=float(cfg.sampling.temperature),
-        top_p=float(cfg.sampling.top_p),
-        seed=derive_seed(int(cfg.run.seed), step, stream),
-    )
-
-
 def sample_natural_and_hinted(
     ctx: StepContext, prompts: Sequence[RubricPrompt], hints: dict[int, list[int]], step: int
 ) -> tuple[list[list[Rollout]], dict[int, list[Rollout]]]:
@@ -285,20 +259,6 @@ def sample_natural_and_hinted(
     groups = generate_groups(ctx.generator, [(list(p.messages), g) for p in prompts] + [(h, g_priv) for h in hinted],
                              sampling_params(ctx.cfg, step, STREAM_NATURAL))
     return groups[: len(prompts)], dict(zip(order, groups[len(prompts):]))
-
-
-def generate_groups(generator: Generator, requests: Sequence[tuple[list[dict], int]],
-                    params: SamplingParams) -> list[list[Rollout]]:
-    """ONE generate call for (conversation, n) requests whose n may differ: [len(requests)][n]."""
-    sizes = {n for _, n in requests}
-    if len(sizes) == 1:
-        return generator.generate([c for c, _ in requests], sizes.pop(), params)
-    flat = generator.generate([c for c, n in requests for _ in range(n)], 1, params)
-    out, pos = [], 0
-    for _, n in requests:
-        out.append([row[0] for row in flat[pos : pos + n]])
-        pos += n
-    return out
 
 
 def sample_natural(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> list[list[Rollout]]:
@@ -350,29 +310,6 @@ def rubric_group_advantages(ctx: StepContext, scored: Scored) -> torch.Tensor:
     """Eq. 1 over each prompt's natural group, [N, G] (the rubric step's estimator; coupled_samples re-derives
     the coupled groups' from it)."""
     return group_advantages(scored.rewards, eps=ctx.cfg.advantage.eps, valid=scored.valid)
-
-
-def judge_groups(
-    judge: Judge, prompts: Sequence[RubricPrompt], groups: Sequence[Sequence[Rollout]]
-) -> list[list[list[Verdict]]]:
-    """One judge call for all responses; each request carries the ORIGINAL conversation, never a hint."""
-    requests = [
-        JudgeRequest(conversation=list(p.messages), response=r.response_text, rubric=p.rubric, prompt_id=p.prompt_id)
-        for p, group in zip(prompts, groups)
-        for r in group
-    ]
-    flat = judge.judge(requests) if requests else []
-    if len(flat) != len(requests):
-        raise RuntimeError(f"judge returned {len(flat)} verdict lists for {len(requests)} requests")
-    out, pos = [], 0
-    for p, group in zip(prompts, groups):
-        rows = [list(v) for v in flat[pos : pos + len(group)]]
-        for row in rows:
-            if len(row) != len(p.rubric):
-                raise RuntimeError(f"judge returned {len(row)} verdicts for prompt {p.prompt_id} with {len(p.rubric)} criteria")
-        out.append(rows)
-        pos += len(group)
-    return out
 
 
 def feedback_indices(
@@ -619,59 +556,10 @@ def coupled_samples(
     return samples, {"guidance/retained": int(priv.valid.sum()), "guidance/retained_frac": 1.0}
 
 
-def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Right-padded training batch (rise_nemo.interfaces conventions) with the global count columns."""
-    if not samples:
-        raise RuntimeError("no trainable sample in this step (every verdict unknown?)")
-    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
-    b, t = len(samples), max(lengths)
-    input_ids = torch.full((b, t), pad_id, dtype=torch.long)  # [B, T]
-    token_mask = torch.zeros(b, t)  # [B, T], 1 on response tokens
-    gen_lp = torch.zeros(b, t)  # [B, T]
-    for row, s in enumerate(samples):
-        p, r = len(s.prompt_ids), len(s.response_ids)
-        input_ids[row, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
-        if s.loss_mask is not None:
-            token_mask[row, p : p + r] = torch.tensor(s.loss_mask[:r], dtype=torch.float32)
-        else:
-            token_mask[row, p : p + r] = 1.0
-        token_mask[row, p : p + min(s.given_tokens, r)] = 0.0  # a given prefix is context only
-        gen_lp[row, p : p + r] = torch.tensor(s.generation_logprobs[:r] + [0.0] * (r - len(s.generation_logprobs)))
-    kind = torch.tensor([s.kind for s in samples], dtype=torch.long)  # [B]
-    natural_tokens = float(token_mask[kind == KIND_NATURAL].sum())
-    guided_seqs = float((kind == KIND_GUIDED).sum())
-    return {
-        "input_ids": input_ids,
-        "input_lengths": torch.tensor(lengths, dtype=torch.long),
-        "token_mask": token_mask,
-        "sample_mask": torch.ones(b),
-        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
-        "kind": kind,
-        "generation_logprobs": gen_lp,
-        "sampled_under_train_prompt": torch.tensor([float(s.sampled_under_train_prompt) for s in samples]),
-        "natural_token_count": torch.full((b,), natural_tokens),
-        "guided_seq_count": torch.full((b,), guided_seqs),
-    }
-
-
 def step_loss_fn(ctx: StepContext, lam: float):
     """This step's loss: the method's registered loss factory with this step's lambda_guide (eq. 12); a picklable
     partial (NeMo-RL ships the loss to its workers)."""
     return ctx.method.loss_factory()(ctx.cfg, lam, ctx.method.token_weighting)
-
-
-@register_loss("policy_gradient")
-def recipe_policy_loss_fn(cfg: Any, lam: float = 0.0, token_weighting: str = "policy_support"):
-    """The loss factory ``policy_gradient``: core.losses.policy_loss_fn with the recipe's ``policy_loss:`` and
-    ``rise:`` settings: eq. 12 with ``lam``; with lam 0 and per-token advantages, PPO's clipped surrogate. It says
-    whether it needs reference log-probs (KL > 0)."""
-    g = cfg.policy_loss
-    objective = ObjectiveConfig(
-        clip_low=float(g.clip_low), clip_high=float(g.clip_high), kl_coef=float(g.kl_coef),
-        entropy_coef=float(g.entropy_coef), lambda_guide=lam, gamma=float(cfg.rise.gamma),
-        a_max=float(cfg.rise.a_max), token_weighting=token_weighting,
-    )
-    return policy_loss_fn(objective)
 
 
 def guidance_delta(nat: Scored, priv: Scored | None, targets: list[int]) -> float | None:
@@ -723,7 +611,7 @@ PROGRESS_KEYS = (("reward/natural_mean", "r_nat"), ("reward/privileged_mean", "r
 
 @register_step("rubric")
 class RubricStep:
-    """Rubric-judged GRPO with RISE-RL's guidance (train_step); evaluation without guidance (evaluate.py)."""
+    """Rubric-judged GRPO with RISE-RL's guidance (train_step); evaluation without guidance (rubric_eval.py)."""
 
     train_step = staticmethod(train_step)
 
@@ -740,8 +628,47 @@ class RubricStep:
     @staticmethod
     def evaluate(ctx: StepContext, eval_prompts: Sequence[RubricPrompt], step: int) -> tuple[dict[str, Any], dict]:
         """Guidance-free evaluation (rise_nemo.steps.rubric_eval): (result, fields to log)."""
-        from rise_nemo.steps.rubric_eval import evaluate
-
         result = evaluate(ctx.cfg, ctx.generator, ctx.judge, eval_prompts, step)
         return result, {"reward": result["reward_mean"], "persistent coverage": result["persistent_coverage"],
                         "negative rate": result["negative_rate"]}
+
+
+def _verdict(v: Any) -> bool | None:
+    return None if v is None else bool(v)
+
+
+def sample_records(step: int, prompts: Sequence[Any], nat: Any, priv: Any, targets: Sequence[int],
+                   samples: Sequence[Any], cap: int) -> list[dict[str, Any]]:
+    """What the step trained on, for ``samples.jsonl`` (like TRL's completion logging): per recorded rollout the
+    step, prompt id, whether it was sampled under a hint (privileged, eq. 6), the response, its per-criterion
+    verdicts on the ORIGINAL rubric, reward (eq. 3), the advantage it was trained with (eq. 1 natural, A_ref of
+    eq. 7 guided; null when it was not trained on: an unknown verdict, or a privileged response with A_ref <= 0,
+    eq. 8) and its kind (0 natural, 1 guided). At most ``cap`` natural and ``cap`` privileged rollouts per step
+    (the first prompts of the batch, in order), so the file stays small on long runs (``train.log_samples``)."""
+    trained = {s.source: s for s in samples if s.source is not None}
+    records: list[dict[str, Any]] = []
+
+    def add(scored: Any, privileged: bool, rows: Sequence[tuple[int, int]]) -> None:
+        n = 0
+        for row, prompt_index in rows:
+            for j, rollout in enumerate(scored.rollouts[row]):
+                if n >= cap:
+                    return
+                sample = trained.get((privileged, row, j))
+                valid = bool(scored.valid[row, j])
+                records.append({
+                    "step": step,
+                    "prompt_id": prompts[prompt_index].prompt_id,
+                    "hinted": privileged,
+                    "response": rollout.response_text,
+                    "verdicts": [_verdict(v) for v in scored.verdicts[row][j]],
+                    "reward": float(scored.rewards[row, j]) if valid else None,
+                    "advantage": None if sample is None else float(sample.advantage),
+                    "kind": None if sample is None else int(sample.kind),
+                })
+                n += 1
+
+    add(nat, False, [(i, i) for i in range(len(prompts))])
+    if priv is not None:
+        add(priv, True, list(enumerate(targets)))
+    return records

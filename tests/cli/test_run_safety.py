@@ -353,7 +353,7 @@ def test_samples_jsonl_records_what_was_trained_on(finished):
 
 def test_eval_with_overrides_never_replaces_the_trainers_eval(run_copy, capsys):
     _, run_copy = run_copy
-    from rise_nemo.reports.report import load_run
+    from rise_nemo.reports.runs import load_run
 
     trainer_eval = run_copy / "eval" / "step_000002.json"
     before = trainer_eval.read_bytes()

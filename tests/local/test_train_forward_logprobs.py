@@ -11,7 +11,7 @@ from rise_nemo.config import load_config
 from rise_nemo.core.logprobs import masked_token_entropy, token_entropy
 from rise_nemo.core.losses import ObjectiveConfig, policy_loss_fn
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL
-from rise_nemo.steps.rubric import TrainSample, build_batch
+from rise_nemo.steps.rollouts import TrainSample, build_batch
 
 CFG = {"tokenizer": "builtin:persistent_task", "seed": 0, "lr": 1e-2, "num_threads": 1, "micro_batch_size": 3,
        "logprob_batch_size": 3}

@@ -10,8 +10,8 @@ from test_critic_warmup import Alternating
 from test_rrl import _cfg
 
 from rise_nemo.loop.run import build_trainer
-from rise_nemo.loop.trainer import REASONING_PROGRESS_KEYS, progress_postfix
-from rise_nemo.steps.reasoning import reasoning_train_step
+from rise_nemo.loop.trainer import progress_postfix
+from rise_nemo.steps.reasoning import REASONING_PROGRESS_KEYS, reasoning_train_step
 
 
 class AllWrong:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rise_nemo.reports.report import load_run
+from rise_nemo.reports.runs import load_run
 
 pytest.importorskip("matplotlib")
 

@@ -19,7 +19,7 @@ from rise_nemo.loop import checkpoint as ckpt
 from rise_nemo.loop.run import build_trainer
 from rise_nemo.loop.trainer import read_metrics
 from rise_nemo.steps.reasoning import reasoning_train_step
-from rise_nemo.steps.rubric import recipe_policy_loss_fn
+from rise_nemo.steps.rollouts import recipe_policy_loss_fn
 
 # Two training problems (one per level), two per step: every step revisits both, so states replay from step 2.
 # 20 warm-start steps: the policy then writes the task's step marker in most rollouts, so policy-sourced states
