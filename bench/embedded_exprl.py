@@ -74,11 +74,12 @@ def main() -> int:
     from rise_nemo.config import load_config
     from rise_nemo.judges.reference import RuleReferenceJudge, build_reference_judge
     from rise_nemo.judges.rule_server import RuleGraderServer
-    from rise_nemo.loop.data import PromptSampler, load_prompts, reasoning_tools
+    from rise_nemo.loop.data import PromptSampler, load_prompts
     from rise_nemo.loop.warm_start import evaluate_heldout, warm_started_backend
-    from rise_nemo.methods import get_method
+    from rise_nemo.methods.registry import get_method
     from rise_nemo.steps.reasoning import ReasoningContext
     from rise_nemo.steps.rollouts import pad_id_of
+    from rise_nemo.steps.verifiers import build_verifier
 
     args = parse_args()
     if args.task == "premise":
@@ -96,7 +97,7 @@ def main() -> int:
 
     def train(cfg, policy, generator, steps: int, seed: int, judge=None) -> list[dict]:
         train_set, _ = load_prompts(cfg)
-        verifier, _ = reasoning_tools(cfg)
+        verifier, _ = build_verifier(cfg)
         method = get_method(str(cfg.method))
         ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier,
                                method=method, pad_id=pad_id_of(generator), reference_judge=judge)

@@ -127,13 +127,13 @@ def main() -> int:
 def run_task(args: argparse.Namespace, task: str) -> dict:
     from rise_nemo.backends import build_critic
     from rise_nemo.config import load_config
-    from rise_nemo.loop.data import PromptSampler, load_prompts, reasoning_tools
+    from rise_nemo.loop.data import PromptSampler, load_prompts
     from rise_nemo.loop.warm_start import evaluate_heldout, warm_started_backend
-    from rise_nemo.methods import get_method
+    from rise_nemo.methods.registry import get_method
     from rise_nemo.steps.critic_pretrain import pretrain_critic
-    from rise_nemo.steps.reasoning import ReasoningContext, reasoning_train_step
+    from rise_nemo.steps.reasoning import ReasoningContext, make_hooks, reasoning_train_step
     from rise_nemo.steps.rollouts import pad_id_of
-    from rise_nemo.steps.rrl import make_step_hooks
+    from rise_nemo.steps.verifiers import build_verifier
 
     def config(variant: str, seed: int):
         return load_config(REPO / "recipes" / TASKS[task], [
@@ -161,7 +161,7 @@ def run_task(args: argparse.Namespace, task: str) -> dict:
             cfg = config(variant, seed)
             policy, generator, _ = warm_started_backend(cfg)
             train, _ = load_prompts(cfg)
-            verifier, step_accuracy = reasoning_tools(cfg)
+            verifier, step_accuracy = build_verifier(cfg)
             if premise is None:  # before any training: the premise, on the warm start
                 premise = measure_premise(cfg, generator, verifier, [p for p in problems if p.difficulty == hard],
                                           late_from, args.samples)
@@ -176,7 +176,7 @@ def run_task(args: argparse.Namespace, task: str) -> dict:
             method = get_method(str(cfg.method))
             ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier, method=method,
                                    critic=build_critic(cfg, policy), pad_id=pad_id_of(generator),
-                                   rng=random.Random(seed), hooks=make_step_hooks(cfg, method.name, len(train)),
+                                   rng=random.Random(seed), hooks=make_hooks(method, cfg, len(train)),
                                    step_accuracy=step_accuracy)
             pre = pretrain_critic(ctx, train, seed) if int(cfg.ppo.critic_pretrain_updates) else {}
             sampler = PromptSampler(train, int(cfg.sampling.prompts_per_step), seed, True)

@@ -156,14 +156,14 @@ def worker_trl(args, model_dir: str, prompt_ids: list[list[str]], optim: dict, c
 
     from rise_nemo.core.rewards import rubric_reward
     from rise_nemo.interfaces import JudgeRequest
+    from rise_nemo.judges.checked import build_checked_judge
     from rise_nemo.loop.data import load_prompts_checked
-    from rise_nemo.loop.run import build_checked_judge
 
     torch.set_num_threads(1)
     cfg = config(args, Path(args.out) / "trl_cfg")
     train_prompts, _ = load_prompts_checked(cfg)
     by_id = {p.prompt_id: p for p in train_prompts}
-    judge = build_checked_judge(cfg)
+    judge = build_checked_judge(cfg.judge)
     clip_min = cfg.reward.clip_min
     timers = {"reward": 0.0, "generate+score": 0.0}
     seen: set[str] = set()  # the prompts TRL trained on this step (checked against ours by the driver)

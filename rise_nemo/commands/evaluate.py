@@ -86,16 +86,25 @@ def run(args: argparse.Namespace) -> int:
     env_sources: dict[str, str] = {}
     cfg = load_config(config, args.overrides, env_sources=env_sources)
 
-    from rise_nemo.loop.run import build_checked_judge, load_eval_model
+    from rise_nemo.judges.checked import build_checked_judge
+    from rise_nemo.loop.run import load_eval_model
+    from rise_nemo.methods.registry import get_method
     from rise_nemo.steps.rubric_eval import evaluate
+    from rise_nemo.steps.verifiers import check_verifier
 
-    reasoning = _is_reasoning(cfg)
+    # Problems (the embedded reasoning task, GSM8K / MATH / APPS / HH-RLHF rows of a method on problems) are
+    # scored by their verifier, rubric prompts by the judge.
+    reasoning = get_method(str(cfg.method)).data == "problems"
 
     def check_eval(eval_prompts: Any) -> Any:
+        """Before the model is built and anything generated: held-out prompts, the verifier's needs (its extra, the
+        reward model) or the judge (built, HTTP judges probed)."""
         if not eval_prompts:
             raise UserError("the recipe has no held-out prompts (data.eval_path)")
-        # Reasoning tasks are scored by their verifier: no judge to build or probe.
-        return None if reasoning else build_checked_judge(cfg)
+        if reasoning:
+            check_verifier(cfg)
+            return None
+        return build_checked_judge(cfg.judge)
 
     model = load_eval_model(cfg, run_dir, args.checkpoint, env_sources, before_build=check_eval)
     if run_dir is not None and model.checkpoint is None:
@@ -116,17 +125,6 @@ def run(args: argparse.Namespace) -> int:
     if out is not None:
         print(f"written: {out}")
     return 0
-
-
-REASONING_SOURCES = ("chain_arithmetic",)
-
-
-def _is_reasoning(cfg) -> bool:
-    """Problems scored by the task's verifier: the embedded reasoning task, or files of a verifier-scored method
-    (GSM8K / MATH / APPS / HH-RLHF rows; load_prompts reads them as reasoning problems)."""
-    from rise_nemo.methods import get_method
-
-    return cfg.data.source in REASONING_SOURCES or (cfg.data.source == "jsonl" and get_method(str(cfg.method)).verifier)
 
 
 def _run_suite(args: argparse.Namespace) -> int:
@@ -199,11 +197,11 @@ def _fresh_path(folder: Path, step: int) -> Path:
 
 def _reasoning_eval(cfg, generator, problems, step: int) -> tuple[dict, str]:
     """pass@k per level on a reasoning task: (result, printable table)."""
-    from rise_nemo.loop.data import reasoning_tools
     from rise_nemo.steps.reasoning_eval import evaluate_reasoning, format_reasoning_eval
     from rise_nemo.steps.rollouts import eval_sampling_params
+    from rise_nemo.steps.verifiers import build_verifier
 
-    verifier, step_accuracy = reasoning_tools(cfg)
+    verifier, step_accuracy = build_verifier(cfg)
     result = evaluate_reasoning(generator, verifier, problems, int(cfg.eval.samples_per_prompt),
                                 eval_sampling_params(cfg, step), step, step_accuracy=step_accuracy)
     return result, format_reasoning_eval(result)

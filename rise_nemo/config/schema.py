@@ -13,10 +13,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from rise_nemo.core.loss_defaults import LOSS_DEFAULTS, LOSS_RULES
-from rise_nemo.methods import DEFAULT_METHOD, METHOD_NAMES
-from rise_nemo.methods import METHODS as _REGISTRY
+from rise_nemo.methods.registry import DEFAULT_METHOD
+from rise_nemo.methods.registry import METHODS as _REGISTRY
 
-METHODS = METHOD_NAMES  # the built-in methods of the one registry (rise_nemo.methods; register_method adds more)
 BACKENDS = ("local", "nemo")
 
 
@@ -131,8 +130,9 @@ class RewardCfg:
     clip_min: float | None = None  # e.g. 0.0 to clip negative HealthBench-style scores
     overlong_buffer: int = 0  # tokens before max_new_tokens where the penalty ramps in; 0 = off
     overlong_factor: float = 0.5
-    # The registered scorer that rewards the reasoning step's rollouts (rise_nemo.methods ``@register_scorer``);
-    # null = the method's own (``Method.scorer``). ``reward_model``: a Bradley-Terry reward model's score
+    # A scorer of the reasoning step (rise_nemo.methods.registry: REASONING.scorers) that rewards its rollouts
+    # instead of the method's own (``ReasoningMethod.scorer``); null = the method's own. Only reasoning methods take
+    # one (the config loader refuses it for any other). ``reward_model``: a Bradley-Terry reward model's score
     # (the ``reward_model:`` block; rise_nemo.steps.reward_model).
     scorer: str | None = None
 
@@ -316,7 +316,7 @@ class EvalCfg:
 class RecipeCfg:
     run: RunCfg = field(default_factory=RunCfg)
     backend: Literal["local", "nemo"] = "local"
-    method: str = DEFAULT_METHOD  # a registered method (rise_nemo.methods.METHODS; checked in RANGE_CHECKS)
+    method: str = DEFAULT_METHOD  # a registered method (rise_nemo.methods.registry.METHODS; checked in RANGE_CHECKS)
     rise: RiseCfg = field(default_factory=RiseCfg)
     sampling: SamplingCfg = field(default_factory=SamplingCfg)
     policy_loss: PolicyLossCfg = field(default_factory=PolicyLossCfg)

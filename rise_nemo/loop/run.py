@@ -3,8 +3,9 @@
 ``build_trainer`` checks everything a user can get wrong BEFORE the warm start or any model build, each
 failure a one-line ``UserError``: the run directory (not a file; not in use by another trainer — the
 lock is taken here and held by the Trainer; a resume only under the same config), the method's entry
-point, the data files, the backend's config block and extras, the judge's config, and every judge URL
-(probed, bounded). Only then are the backend built and a fresh run warm-started.
+point, what its step needs (``TrainingStep.check``: the verifier's extra, the reward model, ...), the data
+files, the backend's config block and extras, the judge's config, and every judge URL (probed, bounded).
+Only then are the backend built and a fresh run warm-started.
 """
 
 from __future__ import annotations
@@ -14,43 +15,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rise_nemo.errors import UserError, require_extra
+from rise_nemo.errors import UserError
 from rise_nemo.loop import checkpoint as ckpt
-from rise_nemo.loop.data import (
-    build_reward_model,
-    check_real_model,
-    check_reward_model,
-    check_tokenizer_covers,
-    load_prompts_checked,
-    needs_reward_model,
-    reasoning_tools,
-    require_verifier_extras,
-    warm_start_policy,
-)
+from rise_nemo.loop.data import check_tokenizer_covers, load_prompts_checked, warm_start_policy
 from rise_nemo.loop.rundir import RunDirLock, check_resume, check_run_dir_path
 from rise_nemo.loop.signals import interrupt_setup
-from rise_nemo.loop.trainer import Trainer, resolve_run_dir  # imports the registered behaviour
-from rise_nemo.methods import get_method
+from rise_nemo.loop.trainer import Trainer, resolve_run_dir  # imports the steps, which bind to the registry
+from rise_nemo.methods.registry import Method, MethodRecipeError, get_method
 
 
-def check_method(cfg: Any) -> None:
-    """The method is registered and has a training step here (rise_nemo.methods); `opd` runs elsewhere. A
-    recipe's ``reward.scorer`` must be a registered scorer, for a step that scores rollouts with one."""
-    from rise_nemo.methods import SCORERS
-
+def runnable_method(cfg: Any) -> Method:
+    """The recipe's method, which must have a training step here (`opd` runs on NeMo-RL's distillation path) and
+    data of the kind it trains on (``data.source``): a one-line UserError naming the key otherwise. What else the
+    recipe pairs it with was checked when the config was loaded (``Method.check_recipe``)."""
+    method = get_method(str(cfg.method))
     try:
-        step = get_method(str(cfg.method)).training_step()
+        method.training_step()
+        method.check_data_source(cfg)
+    except MethodRecipeError as exc:
+        raise UserError(f"config key {exc.key!r}: {exc}") from None
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    scorer = cfg.reward.scorer
-    if scorer is None:
-        return
-    if scorer not in SCORERS:
-        raise UserError(f"config key 'reward.scorer': unknown scorer {scorer!r}; registered: {sorted(SCORERS.names())}")
-    if not getattr(step, "scores_rollouts", False):
-        raise UserError(f"config key 'reward.scorer': method {cfg.method!r} does not score rollouts with a "
-                        "registered scorer (the rubric methods use their rubric judge, sft samples nothing); "
-                        "remove the key")
+    return method
 
 
 def check_backend(cfg: Any) -> None:
@@ -65,39 +51,6 @@ def check_backend(cfg: Any) -> None:
             parse_local_config(cfg.local)
         except ValueError as exc:
             raise UserError(f"config block 'local': {exc}") from None
-
-
-def build_checked_judge(cfg: Any, probe: bool = True, reference: bool = False) -> Any:
-    """``build_judge`` with its config errors as one-line ``UserError``s; HTTP judges are probed.
-    ``reference``: ExpRL's reference judge (rise_nemo.judges.reference) from the same ``judge:`` block."""
-    from rise_nemo.judges import build_judge
-    from rise_nemo.judges.reference import build_reference_judge
-
-    judge_cfg = cfg.judge
-    kind = judge_cfg.get("type") if isinstance(judge_cfg, Mapping) else None
-    judge_errors: tuple[type[Exception], ...] = (ValueError,)
-    if kind == "http":  # only the LLM judge needs the 'judge' extra (aiohttp): the rule judge runs without it
-        require_extra("judge", "aiohttp", what="the LLM judge (judge.type: http)")
-        if judge_cfg.get("ray_actor"):
-            require_extra("judge", "ray", what="the judge's Ray actor (judge.ray_actor: true)")
-        from rise_nemo.judges.client import JudgeError
-
-        judge_errors += (JudgeError,)
-    try:
-        if kind == "http":  # validate the block and the key's variable, then probe, before any actor starts
-            from rise_nemo.judges.http import HttpJudgeConfig
-
-            HttpJudgeConfig.from_mapping(judge_cfg).api_key()
-            if probe:
-                from rise_nemo.judges.probe import probe_judge_urls
-
-                probe_judge_urls(judge_cfg)
-        return build_reference_judge(judge_cfg) if reference else build_judge(judge_cfg)
-    except judge_errors as exc:
-        if isinstance(exc, UserError):
-            raise
-        message = str(exc)
-        raise UserError(message if "judge" in message else f"config block 'judge': {message}") from None
 
 
 def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int | None = None,
@@ -116,19 +69,15 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
         lock = RunDirLock(run_dir).acquire()
         try:
             changes = check_resume(run_dir, cfg, allow_config_change)
-            check_method(cfg)
-            method = get_method(str(cfg.method))
-            require_verifier_extras(cfg)
-            if method.verifier:
-                check_reward_model(cfg)
-            check_real_model(cfg)
-            train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
-            method.hooks_type().check_data(cfg, train_prompts)  # e.g. RRL: rrl.granularity can cut the data
+            # The method's step checks and builds what the method needs (rise_nemo.methods.registry.TrainingStep).
+            method = runnable_method(cfg)
+            step = method.training_step()
+            step.check(method, cfg)  # extras, reward model, real model: before any data is read
+            train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources, method)
+            step.check_data(method, cfg, train_prompts)  # e.g. RRL: rrl.granularity can cut the data
             check_backend(cfg)
-            # The judge the method names (rise_nemo.methods): the rubric judge, ExpRL's reference judge, or none
-            # (verifier-scored methods); checked (and HTTP judges probed) before any model is built.
-            judge = build_checked_judge(cfg, reference=method.judge == "reference") if method.judge else None
-            from rise_nemo.backends import build_backend, build_critic
+            judge = step.build_judge(method, cfg)  # the rubric or reference judge, probed before any model is built
+            from rise_nemo.backends import build_backend
 
             # The checkpoint the Trainer resumes from (Trainer.resume: the latest); the nemo backend is built from it.
             latest = ckpt.latest_checkpoint(run_dir)
@@ -139,15 +88,7 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
                     ckpt.init_policy_from(policy, Path(init_from))
                 else:
                     warm_start_policy(cfg, policy, generator, progress=bool(cfg.train.progress))
-            reasoning: dict[str, Any] = {}
-            # The reward model (scorer ``reward_model`` / HH-RLHF's verifier), built once for both.
-            reward_model = build_reward_model(cfg) if method.verifier and needs_reward_model(cfg) else None
-            if method.verifier:
-                verifier, step_accuracy = reasoning_tools(cfg, reward_model=reward_model)
-                # The critic copies the policy's body AFTER the warm start (a resume overwrites it from the checkpoint).
-                critic = build_critic(cfg, policy, checkpoint=latest) if method.critic else None
-                reasoning = {"critic": critic, "verifier": verifier, "step_accuracy": step_accuracy,
-                             "reward_model": reward_model}
+            parts = step.build_parts(method, cfg, policy, latest)  # verifier, critic, reward model
         except BaseException:
             lock.release()
             if not existed and run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [".lock"]:
@@ -155,7 +96,7 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
                 run_dir.rmdir()  # a refused or interrupted run leaves nothing behind
             raise
     return Trainer(cfg, policy, generator, judge, train_prompts, eval_prompts, run_dir=run_dir,
-                   stop_after=stop_after, lock=lock, config_changes=changes, **reasoning)
+                   stop_after=stop_after, lock=lock, config_changes=changes, method=method, **parts)
 
 
 @dataclass

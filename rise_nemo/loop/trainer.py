@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-# The built-in training steps, scorers, advantage estimators, losses and hooks register themselves on import
-# (rise_nemo.methods); the trainer only asks the method for them.
+# The step kinds' steps and the scorers, advantage estimators and hooks they implement bind themselves to the
+# registry on import (rise_nemo.methods.registry); the trainer only asks the method for its step.
 import rise_nemo.steps.exprl
 import rise_nemo.steps.reasoning
 import rise_nemo.steps.reward_model
@@ -48,7 +48,7 @@ from rise_nemo.loop import checkpoint as ckpt
 from rise_nemo.loop.data import PromptSampler
 from rise_nemo.loop.rundir import RunDirLock, write_config
 from rise_nemo.loop.signals import StopFlag
-from rise_nemo.methods import RunParts, get_method
+from rise_nemo.methods.registry import Method, RunParts, get_method
 from rise_nemo.steps.rollouts import pad_id_of
 from rise_nemo.stopping import StopInterrupted
 
@@ -87,14 +87,17 @@ class Trainer:
         verifier: Verifier | None = None,
         step_accuracy: Any = None,
         reward_model: Any = None,
+        method: Method | None = None,
     ):
         """``stop_after``: behave as if a stop signal arrived during that step (tests, bounded sessions).
         ``lock``: the run directory's lock if the caller already holds it (``build_trainer``); released at
         the end of ``run``. ``config_changes``: accepted differences from the run's earlier config (logged).
 
-        Methods scored by a verifier (rise_nemo.methods ``Method.verifier``) take ``verifier`` (``judge``: ExpRL's
-        reference judge or None), ``critic`` when the method trains one, and the task's ``step_accuracy``
-        checker for evaluation; ``reward_model`` (interfaces.RewardModel) when the recipe has a reward model."""
+        Methods on problems (``Method.data``) take ``verifier`` (``judge``: ExpRL's reference judge or None),
+        ``critic`` when the method trains one, and the task's ``step_accuracy`` checker for evaluation;
+        ``reward_model`` (interfaces.RewardModel) when the recipe has a reward model. ``method``: the recipe's
+        method as ``build_trainer`` resolved it (default: the registered method named ``cfg.method``); all of
+        them go to the method's step (``build_context``), which keeps what it uses."""
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir is not None else resolve_run_dir(cfg)
         self.policy, self.generator, self.judge = policy, generator, judge
@@ -102,11 +105,10 @@ class Trainer:
         self.steps = int(cfg.train.steps)
         self.sampler = PromptSampler(train_prompts, int(cfg.sampling.prompts_per_step), int(cfg.run.seed),
                                      bool(cfg.data.shuffle))
-        self.method = get_method(str(cfg.method))
-        self.critic, self.verifier, self.step_accuracy = critic, verifier, step_accuracy
-        self.reward_model = reward_model
+        self.method = method if method is not None else get_method(str(cfg.method))
+        self.critic = critic
         self._train_prompts = list(train_prompts)
-        # The method's registered training step builds its context (rise_nemo.methods.StepState): the step's
+        # The method's step builds its context (rise_nemo.methods.registry.StepState): the step's
         # inputs and the method's own checkpointed state (RISE's schedule and gate, RRL's replay buffer).
         self._step_kind = self.method.training_step()
         self.ctx = self._step_kind.build_context(self.method, RunParts(

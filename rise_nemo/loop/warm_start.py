@@ -43,11 +43,11 @@ def evaluate_heldout(cfg: Any, generator: Any, problems: Sequence[Any], n: int |
     samples each (default ``eval.samples_per_prompt``) on the evaluation stream of ``step`` (the sampling
     parameters the trainer's evaluation at that step uses, so a warm start measured here at step 0 is the
     trainer's step-0 evaluation)."""
-    from rise_nemo.loop.data import reasoning_tools
     from rise_nemo.steps.reasoning_eval import evaluate_reasoning
     from rise_nemo.steps.rollouts import eval_sampling_params
+    from rise_nemo.steps.verifiers import build_verifier
 
-    verifier, step_accuracy = reasoning_tools(cfg)
+    verifier, step_accuracy = build_verifier(cfg)
     n = int(cfg.eval.samples_per_prompt) if n is None else int(n)
     return evaluate_reasoning(generator, verifier, problems, n, eval_sampling_params(cfg, step), step,
                               step_accuracy=step_accuracy)

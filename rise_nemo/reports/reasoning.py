@@ -110,7 +110,7 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator, NullLocator, ScalarFormatter
 
-    from rise_nemo.methods import METHODS
+    from rise_nemo.methods.registry import METHODS, ReasoningMethod
     from rise_nemo.steps.reasoning_eval import pooled_pass_at_k
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -222,8 +222,10 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
 
     # 3. Training: verifier reward and judge score in their own panels; the critic's explained variance.
     def reward_kind(run: Any) -> str:
+        """The run's scorer grades with ExpRL's reference judge (its config's reward.scorer or its method's own)."""
         method = METHODS.get(run.method)
-        return "judge" if method is not None and method.judge == "reference" else "verifier"
+        scorer = method.scorer_for(run.config) if isinstance(method, ReasoningMethod) else None
+        return "judge" if scorer is not None and scorer.judge == "reference" else "verifier"
 
     panels = []  # (key, run filter, title, y label, y limits, gaps)
     for kind, title, ylabel in (

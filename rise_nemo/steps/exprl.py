@@ -26,7 +26,7 @@ from rise_nemo.core.exprl import normalise_score, segment_token_spans, token_pro
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.interfaces import Rollout
 from rise_nemo.judges.reference import ScoreRequest
-from rise_nemo.methods import register_advantage, register_scorer
+from rise_nemo.methods.registry import REASONING
 from rise_nemo.steps.reasoning import ReasoningContext, StepScores, place_token_advantages
 from rise_nemo.steps.rollouts import TrainSample, build_batch, find_tokenizer
 
@@ -41,14 +41,14 @@ def rollout_segments(tokenizer: Any, rollout: Rollout, marker: str) -> tuple[lis
     return spans, texts
 
 
-@register_scorer("reference_outcome")
+@REASONING.scorers.implement("reference_outcome")
 def reference_outcome_scores(ctx: Any, problems: Sequence[ReasoningProblem],
                              groups: Sequence[Sequence[Rollout]]) -> StepScores:
     """ExpRL-Outcome: the reference judge's normalised score of each whole rollout."""
     return reference_scores(ctx, problems, groups, process=False)
 
 
-@register_scorer("reference_process")
+@REASONING.scorers.implement("reference_process")
 def reference_process_scores(ctx: Any, problems: Sequence[ReasoningProblem],
                              groups: Sequence[Sequence[Rollout]]) -> StepScores:
     """ExpRL-Process: the reference judge's per-segment scores and the segment token advantages."""
@@ -141,19 +141,19 @@ def self_distillation_advantages(ctx: Any, problems: Sequence[ReasoningProblem],
     return out
 
 
-@register_advantage("segment")
+@REASONING.advantages.implement("segment")
 def segment_advantage_columns(ctx: ReasoningContext, problems, groups, scored: StepScores,
                               batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     """ExpRL-Process: the scorer's per-token segment advantages, no group normalisation."""
     if scored.token_advantages is None:
         raise ValueError(f"method {ctx.method.name!r}: advantage 'segment' needs a scorer that gives per-token "
-                         f"advantages; scorer {ctx.cfg.reward.scorer or ctx.method.scorer!r} gives none")
+                         f"advantages; scorer {ctx.scorer.name!r} gives none")
     batch["token_advantages"] = place_token_advantages(batch, groups, scored.valid, scored.token_advantages)
     batch["advantages"] = torch.zeros(batch["token_mask"].shape[0])
     return {}
 
 
-@register_advantage("self_distillation")
+@REASONING.advantages.implement("self_distillation")
 def self_distillation_advantage_columns(ctx: ReasoningContext, problems, groups, scored: StepScores,
                                         batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     """On-policy self-distillation: the reference-in-context teacher's per-token advantages."""

@@ -1,6 +1,8 @@
 """One training step of the reasoning methods (docs/DESIGN.md §7), written against rise_nemo.interfaces.
 
-``reasoning_train_step`` reads top to bottom; which method runs is configuration (rise_nemo.methods):
+``reasoning_train_step`` reads top to bottom; which method runs is configuration: the scorer, advantage
+estimator and hooks its ``ReasoningMethod`` names (rise_nemo.methods; the pieces of the reasoning step kind,
+rise_nemo.methods.registry.REASONING):
 
   ppo   G rollouts per problem, sparse verifier reward on the last token, critic values, GAE (core.value),
         clipped PG on per-token advantages, then the critic's clipped value loss; during the first
@@ -20,7 +22,7 @@ The seams RRL and ExpRL plug into without forking this step:
                  the state (core.value.gae). ``after_score`` sees the scored groups and the built batch
                  (critic values included) and which rollouts solved their problem (``StepScores.solved_mask``)
                  before the policy update; ``after_train`` the step's metrics.
-  scores         ``ReasoningContext.score`` runs the method's registered scorer (rise_nemo.methods): rewards
+  scores         ``ReasoningContext.score`` runs the run's scorer (the recipe's ``reward.scorer`` or the method's): rewards
                  [N, G] and a valid mask as one ``StepScores``, which may carry per-token advantages
                  (ExpRL-Process). Verifier 0/1 here; ExpRL's reference judge in rise_nemo.steps.exprl, a reward
                  model's score in rise_nemo.steps.reward_model.
@@ -53,16 +55,19 @@ from rise_nemo.core.value import (
     whiten,
 )
 from rise_nemo.interfaces import KIND_NATURAL, Critic, Generator, Policy, Rollout, Verifier
-from rise_nemo.methods import Method, register_advantage, register_hooks, register_scorer, register_step
+from rise_nemo.judges.checked import build_checked_judge
+from rise_nemo.methods.registry import REASONING, ReasoningMethod, Scorer
 from rise_nemo.steps.rollouts import (
     STREAM_NATURAL,
     TrainSample,
     build_batch,
     eval_sampling_params,
     find_tokenizer,
+    recipe_policy_loss_fn,
     sampling_params,
     token_texts,
 )
+from rise_nemo.steps.verifiers import build_problem_parts, check_real_model, check_verifier
 
 
 @dataclass
@@ -82,10 +87,10 @@ class StepScores:
         return self.solved if self.solved is not None else self.rewards > 0.5
 
 
-@register_hooks("none")
+@REASONING.hooks.implement("none")
 class StepHooks:
     """What a method adds around the shared step (the default: nothing; PPO / GRPO / ExpRL / SFT). A method's
-    hooks (``Method.hooks``) are built once per run from the recipe and the training set's size."""
+    hooks (``ReasoningMethod.hooks``) are built once per run from the recipe and the training set's size."""
 
     def __init__(self, cfg: Any = None, n_train_problems: int = 0):
         pass
@@ -126,8 +131,8 @@ class ReasoningContext:
     policy: Policy
     generator: Generator
     verifier: Verifier
-    method: Method
-    critic: Critic | None = None  # required when method.critic
+    method: ReasoningMethod
+    critic: Critic | None = None  # required when method.critic (its advantage estimator reads values)
     pad_id: int = 0
     hooks: StepHooks | None = None  # method-specific stages (RRL: rise_nemo.steps.rrl); None: no-ops
     rng: random.Random = field(default_factory=random.Random)  # method-level choices (RRL replay); checkpointed
@@ -137,22 +142,25 @@ class ReasoningContext:
     step_accuracy: Any = None  # the task's step-accuracy checker for evaluation (None: not reported)
     reward_model: Any = None  # interfaces.RewardModel (the ``reward_model`` scorer), or None
 
+    scorer: Scorer = field(init=False)  # the recipe's ``reward.scorer`` or the method's own
+
     def __post_init__(self) -> None:
+        self.scorer = self.method.scorer_for(self.cfg)
         if self.method.critic and self.critic is None:
             raise ValueError(f"method {self.method.name!r} needs a critic (backend build_critic)")
-        if self.method.judge == "reference" and self.reference_judge is None:
-            raise ValueError(f"method {self.method.name!r} needs a reference judge (rise_nemo.judges.reference)")
+        if self.scorer.judge == "reference" and self.reference_judge is None:
+            raise ValueError(f"scorer {self.scorer.name!r} needs a reference judge (rise_nemo.judges.reference)")
         if self.hooks is None:
             self.hooks = StepHooks()
 
     def score(self, problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[Rollout]]) -> StepScores:
-        """The step's rewards from the registered scorer: the recipe's ``reward.scorer`` or the method's own."""
-        return self.method.scorer_fn(self.cfg.reward.scorer)(self, problems, groups)
+        """The step's rewards from the run's scorer."""
+        return REASONING.scorers.impl(self.scorer.name)(self, problems, groups)
 
     def reference_judge_calls(self) -> int:
         return int(getattr(self.reference_judge, "calls", 0))
 
-    # The trainer's view of the method's own state (rise_nemo.methods.StepState).
+    # The trainer's view of the method's own state (rise_nemo.methods.registry.StepState).
     def state_dict(self) -> dict[str, Any]:
         return {"hooks": self.hooks.state_dict()}  # RRL: replay buffer + value-loss stabilisation
 
@@ -163,7 +171,7 @@ class ReasoningContext:
         return {"switch_reason": None, "switch_step": None}
 
 
-@register_scorer("verifier")
+@REASONING.scorers.implement("verifier")
 def verifier_scores(ctx: ReasoningContext, problems: Sequence[ReasoningProblem],
                     groups: Sequence[Sequence[Rollout]]) -> StepScores:
     """The verifier's 0/1 rewards. A verifier with a ``batch_metrics()`` method (e.g. the code reward's pass
@@ -185,12 +193,12 @@ def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProb
     batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
     extra: dict[str, Any] = dict(scored.metrics)
     extra["diversity/ppl_variance"] = scratch_perplexity_variance(batch, groups, valid)
-    extra.update(ctx.method.advantage_fn()(ctx, problems, groups, scored, batch))  # the batch's advantage columns
+    extra.update(REASONING.advantages.impl(ctx.method.advantage)(ctx, problems, groups, scored, batch))  # advantages
     extra.update(ctx.hooks.after_score(ctx, problems, groups, scored.solved_mask(), valid, batch))
     if ctx.samples_per_step:
         ctx.last_samples = reasoning_sample_records(step, problems, groups, rewards, valid, batch, ctx.samples_per_step)
     warmup = critic_warmup(ctx, step)
-    train_metrics = {} if warmup else ctx.policy.train(batch, ctx.method.loss_factory()(ctx.cfg))
+    train_metrics = {} if warmup else ctx.policy.train(batch, recipe_policy_loss_fn(ctx.cfg))
     if ctx.critic is not None:
         if int(ctx.cfg.ppo.critic_warmup_steps) > 0:  # off (0): the metrics stay exactly as before
             train_metrics["critic/warmup"] = warmup
@@ -248,12 +256,12 @@ def critic_warmup(ctx: ReasoningContext, step: int) -> bool:
     return ctx.critic is not None and step <= int(ctx.cfg.ppo.critic_warmup_steps)
 
 
-# ---- advantage estimators (rise_nemo.methods.register_advantage): (ctx, problems, groups, scored, batch) ->
+# ---- advantage estimators (REASONING.advantages): (ctx, problems, groups, scored, batch) ->
 # the step's metrics; each writes ``batch["advantages"]`` [B] (and ``token_advantages`` [B, T]); batch row b is
 # the b-th valid rollout in (problem, sample) order (rollout_batch; checked by batch_rollouts).
 
 
-@register_advantage("group")
+@REASONING.advantages.implement("group")
 def group_advantage_columns(ctx: ReasoningContext, problems, groups, scored: StepScores,
                             batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Eq. 1 of RISE-RL / GRPO: group-normalised rewards, one per row."""
@@ -261,7 +269,7 @@ def group_advantage_columns(ctx: ReasoningContext, problems, groups, scored: Ste
     return {}
 
 
-@register_advantage("gae")
+@REASONING.advantages.implement("gae")
 def gae_advantage_columns(ctx: ReasoningContext, problems, groups, scored: StepScores,
                           batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     """PPO: critic values and GAE (add_gae_columns) on the sparse reward of each row; ``critic/auc`` where the
@@ -389,23 +397,52 @@ def reasoning_metrics(step, groups, rewards, valid, batch, train_metrics, times)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The training steps of the reasoning methods (rise_nemo.methods.register_step)
+# The step object of the reasoning step kind (rise_nemo.methods.registry.REASONING)
 
 REASONING_PROGRESS_KEYS = (("reward/mean", "r"), ("critic/explained_variance", "ev"), ("loss/pg", "pg"))
 
 
-@register_step("reasoning")
+def make_hooks(method: ReasoningMethod, cfg: Any, n_train_problems: int) -> StepHooks:
+    """The hooks the method names (RRL's replay for ``rrl``, no-ops for the others), built for this run."""
+    return REASONING.hooks.impl(method.hooks)(cfg, n_train_problems)
+
+
+@REASONING.implement_step
 class ReasoningStep:
     """Verifier-rewarded reasoning methods: sample G rollouts per problem, score, advantages, train."""
 
-    scores_rollouts = True  # a recipe's reward.scorer may replace the method's registered scorer
     train_step = staticmethod(reasoning_train_step)
 
     @staticmethod
-    def build_context(method: Method, run: Any) -> ReasoningContext:
+    def check(method: ReasoningMethod, cfg: Any) -> None:
+        """The verifier's and the scorer's needs (rise_nemo.steps.verifiers), before any data is read."""
+        scorer = method.scorer_for(cfg)
+        check_verifier(cfg, scorer)
+        check_real_model(cfg, scorer)
+
+    @staticmethod
+    def check_data(method: ReasoningMethod, cfg: Any, train_prompts: Sequence[ReasoningProblem]) -> None:
+        REASONING.hooks.impl(method.hooks).check_data(cfg, train_prompts)  # e.g. RRL: rrl.granularity cuts them
+
+    @staticmethod
+    def build_judge(method: ReasoningMethod, cfg: Any) -> Any:
+        """ExpRL's reference judge for a scorer that grades with one (from the ``judge:`` block), else None."""
+        return build_checked_judge(cfg.judge, reference=True) if method.scorer_for(cfg).judge == "reference" else None
+
+    @staticmethod
+    def build_parts(method: ReasoningMethod, cfg: Any, policy: Any, checkpoint: Any) -> dict[str, Any]:
+        """Reward model, verifier, step-accuracy checker, and the critic when the method trains one: it copies the
+        policy's body, so it is built AFTER the warm start (a resume overwrites it from ``checkpoint``)."""
+        from rise_nemo.backends import build_critic
+
+        parts = build_problem_parts(cfg, method.scorer_for(cfg))
+        return {**parts, "critic": build_critic(cfg, policy, checkpoint=checkpoint) if method.critic else None}
+
+    @staticmethod
+    def build_context(method: ReasoningMethod, run: Any) -> ReasoningContext:
         if run.verifier is None:
             raise ValueError(f"method {method.name!r} needs a verifier")
-        hooks = method.hooks_type()(run.cfg, run.n_train_problems)
+        hooks = make_hooks(method, run.cfg, run.n_train_problems)
         # ExpRL methods: ``judge`` is the reference judge (rise_nemo.judges.reference); its counters go to
         # metrics.jsonl like the rubric judge's.
         return ReasoningContext(cfg=run.cfg, policy=run.policy, generator=run.generator, verifier=run.verifier,
@@ -414,7 +451,7 @@ class ReasoningStep:
                                 step_accuracy=run.step_accuracy, reward_model=run.reward_model)
 
     @staticmethod
-    def progress_keys(method: Method) -> tuple[tuple[str, str], ...]:
+    def progress_keys(method: ReasoningMethod) -> tuple[tuple[str, str], ...]:
         """Only what the method logs (no critic: no explained variance), never a column that stays '-'."""
         return tuple(k for k in REASONING_PROGRESS_KEYS if method.critic or not k[0].startswith("critic/"))
 

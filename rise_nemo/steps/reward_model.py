@@ -1,5 +1,6 @@
-"""The reward-model reward (docs/methods.md "Reward-model reward"): a registered scorer of the reasoning step,
-and the HH-RLHF verifier that evaluates against the dataset's chosen reply under the same reward model.
+"""The reward-model reward (docs/methods.md "Reward-model reward"): a scorer of the reasoning step. (The HH-RLHF
+verifier, which evaluates against the dataset's chosen reply under the same reward model, is
+rise_nemo.steps.verifiers.PreferenceVerifier.)
 
   scorer ``reward_model``   every rollout's conversation (the problem's messages + the response as the final
                             assistant turn) is scored by the run's Bradley-Terry reward model in ONE call per
@@ -10,10 +11,6 @@ and the HH-RLHF verifier that evaluates against the dataset's chosen reply under
                             a reference reply (HH's chosen turn) have it scored in the same call: a rollout
                             scored above it "solved" its problem (``StepScores.solved``: RRL's "correct",
                             Algorithm 1 lines 9 and 14; ``rm/beats_reference``).
-  ``PreferenceVerifier``    the reasoning step's verifier for ``data.format: hh_rlhf``: a response "passes" when
-                            the reward model scores it above the problem's reference reply (HH's chosen turn), so
-                            pass@1 during training is the reward model's win rate against the chosen replies.
-                            The pairwise LLM-judge evaluation is the ``hh_win_rate`` suite (rise_nemo.evals).
 """
 
 from __future__ import annotations
@@ -26,24 +23,12 @@ import torch
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.core.rewards import reward_model_rewards
 from rise_nemo.interfaces import Rollout
-from rise_nemo.methods import register_scorer
+from rise_nemo.methods.registry import REASONING
 from rise_nemo.steps.reasoning import StepScores
-
-SCORER = "reward_model"
-
-
-def conversation(problem: ReasoningProblem, response: str) -> list[dict[str, str]]:
-    """The dialogue a reward model scores: the problem's messages, then the response as the assistant's turn."""
-    return [dict(m) for m in problem.messages] + [{"role": "assistant", "content": response}]
+from rise_nemo.steps.verifiers import conversation, require_reward_model
 
 
-def require_reward_model(reward_model: Any, what: str) -> Any:
-    if reward_model is None:
-        raise ValueError(f"config key 'reward_model.path': {what} needs a reward model; set reward_model.path")
-    return reward_model
-
-
-@register_scorer(SCORER)
+@REASONING.scorers.implement("reward_model")
 def reward_model_scores(ctx: Any, problems: Sequence[ReasoningProblem],
                         groups: Sequence[Sequence[Rollout]]) -> StepScores:
     """The reward model's score of every rollout (module docstring); every rollout is valid."""
@@ -79,19 +64,3 @@ def reward_model_scores(ctx: Any, problems: Sequence[ReasoningProblem],
     return StepScores(rewards, valid, metrics=metrics, solved=solved)
 
 
-class PreferenceVerifier:
-    """interfaces.Verifier for HH-RLHF problems: ``True`` when the reward model prefers the response to the
-    problem's reference reply (``reference_solution``, HH's chosen turn); ties count as not preferred."""
-
-    def __init__(self, reward_model: Any):
-        self.reward_model = require_reward_model(reward_model, "data.format=hh_rlhf (its verifier)")
-
-    def verify(self, problems: Sequence[ReasoningProblem], responses: Sequence[str]) -> list[bool | None]:
-        convs = [conversation(p, r) for p, r in zip(problems, responses)]
-        refs = [conversation(p, p.reference_solution) for p in problems]
-        scores = self.reward_model.score(convs + refs) if convs else []
-        k = len(convs)
-        return [bool(scores[i] > scores[k + i]) for i in range(k)]
-
-    def close(self) -> None:
-        self.reward_model.close()

@@ -17,7 +17,6 @@ import torch
 
 from rise_nemo.core.losses import ObjectiveConfig, policy_loss_fn
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL, Generator, Rollout, SamplingParams
-from rise_nemo.methods import register_loss
 
 # Seed streams: each generate call in a step gets its own seed derived from (run seed, step, stream), so a
 # resumed run samples exactly what the uninterrupted run sampled.
@@ -101,9 +100,8 @@ def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, to
     }
 
 
-@register_loss("policy_gradient")
 def recipe_policy_loss_fn(cfg: Any, lam: float = 0.0, token_weighting: str = "policy_support"):
-    """The loss factory ``policy_gradient``: core.losses.policy_loss_fn with the recipe's ``policy_loss:`` and
+    """The policy-gradient loss of every RL step: core.losses.policy_loss_fn with the recipe's ``policy_loss:`` and
     ``rise:`` settings: eq. 12 with ``lam``; with lam 0 and per-token advantages, PPO's clipped surrogate. It says
     whether it needs reference log-probs (KL > 0)."""
     g = cfg.policy_loss

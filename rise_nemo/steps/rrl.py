@@ -43,7 +43,7 @@ from rise_nemo.core.replay import (
 )
 from rise_nemo.errors import UserError
 from rise_nemo.interfaces import Rollout
-from rise_nemo.methods import register_hooks
+from rise_nemo.methods.registry import REASONING
 from rise_nemo.steps.reasoning import ReasoningContext, StepHooks, batch_rollouts
 from rise_nemo.steps.rollouts import TrainSample, build_batch, encode_response, find_tokenizer, token_texts
 
@@ -75,14 +75,6 @@ def check_granularity(cfg: Any, problems: Sequence[Any]) -> None:
                     f"rrl.granularity={other} or token")
 
 
-def make_step_hooks(cfg: Any, method_name: str, n_train_problems: int) -> StepHooks:
-    """The reasoning step's hooks the method names (rise_nemo.methods ``Method.hooks``): RRL's replay for
-    ``rrl``, no-ops for the others."""
-    from rise_nemo.methods import get_method
-
-    return get_method(method_name).hooks_type()(cfg, n_train_problems)
-
-
 def reference_prefix_scores(judge: Any, problem: ReasoningProblem, segments: Sequence[str]) -> list[float]:
     """The reference judge's prefix score of each candidate state of one solution cut into ``segments`` at
     its cut points (state t keeps segments 1..t, t = 1..T-1), in [0, 1] (core.exprl.normalise_score, smooth):
@@ -97,7 +89,7 @@ def reference_prefix_scores(judge: Any, problem: ReasoningProblem, segments: Seq
     return [normalise_score(s) for s in scores[:-1]]
 
 
-@register_hooks("rrl")
+@REASONING.hooks.implement("rrl")
 class RRLHooks(StepHooks):
     check_data = staticmethod(check_granularity)  # before any model is built (loop.run)
 

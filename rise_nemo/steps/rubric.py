@@ -1,8 +1,8 @@
 """One training step of RISE-RL and of its baselines (docs/DESIGN.md §2), written against rise_nemo.interfaces.
 
 ``train_step`` reads top to bottom; every stage is a named function below it. Which method runs is
-configuration only (the method's switches in the registry, rise_nemo.methods; this step is registered as
-``rubric``):
+configuration only (the switches of the method's ``RubricMethod``, rise_nemo.methods.rise; this is the
+rubric step kind's step, rise_nemo.methods.registry.RUBRIC):
 
   rise       GRPO on natural rollouts + the decoupled guide loss on retained privileged rollouts (eq. 12)
   rubric_rl  GRPO only (guidance off)
@@ -60,13 +60,15 @@ from rise_nemo.interfaces import (
     Rollout,
     Verdict,
 )
-from rise_nemo.methods import Method, register_advantage, register_scorer, register_step
+from rise_nemo.judges.checked import build_checked_judge
+from rise_nemo.methods.registry import RUBRIC, RubricMethod
 from rise_nemo.steps.rollouts import (
     STREAM_NATURAL,
     STREAM_PRIVILEGED,
     TrainSample,
     build_batch,
     generate_groups,
+    recipe_policy_loss_fn,
     sampling_params,
 )
 from rise_nemo.steps.rubric_eval import evaluate, judge_groups
@@ -112,7 +114,7 @@ class StepContext:
     judge: Judge
     schedule: Any  # rise_nemo.core.schedule.GuidanceSchedule
     rng: random.Random  # template choice (eq. 6) and RuscaRL criterion subsets; checkpointed
-    method: Method  # its rubric switches: guidance, coupled, ruscarl, token_weighting (rise_nemo.methods)
+    method: RubricMethod  # its switches: guidance, coupled, ruscarl, token_weighting
     total_steps: int
     pad_id: int = 0
     samples_per_step: int = 0  # rollouts per kind recorded in ``last_samples`` (samples.jsonl); 0 = none
@@ -135,7 +137,7 @@ class StepContext:
         if self.previous is None and self.options.one_pass:
             self.previous = PreviousFailures()
 
-    # The trainer's view of the method's own state (rise_nemo.methods.StepState).
+    # The trainer's view of the method's own state (rise_nemo.methods.registry.StepState).
     def state_dict(self) -> dict[str, Any]:
         return {"schedule": self.schedule.state_dict(),
                 "gate": self.gate.state_dict() if self.gate is not None else None,  # adaptive guidance gating
@@ -190,8 +192,8 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
     early, first_visit = ctx.previous.plan([p.prompt_id for p in prompts]) if one_pass else ({}, [])
 
     natural, early_rollouts = sample_natural_and_hinted(ctx, prompts, early, step)  # [N][G], {i: [G']}
-    nat = ctx.method.scorer_fn()(ctx, prompts, natural)  # rewards/valid [N, G]
-    nat_adv = ctx.method.advantage_fn()(ctx, nat)  # eq. 1, [N, G]
+    nat = judge_and_score(ctx, prompts, natural)  # rewards/valid [N, G]
+    nat_adv = group_advantages(nat.rewards, eps=ctx.cfg.advantage.eps, valid=nat.valid)  # eq. 1, [N, G]
     t_natural = time.perf_counter()
 
     priv, targets, guide_gate_stats = None, [], {}
@@ -280,7 +282,7 @@ def sample_natural(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int)
     return [[flat[n * g + i][0] for i in range(g)] for n in range(len(prompts))]
 
 
-@register_scorer("rubric_judge")
+@RUBRIC.scorers.implement("rubric_judge")
 def judge_and_score(
     ctx: StepContext, prompts: Sequence[RubricPrompt], groups: Sequence[Sequence[Rollout]]
 ) -> Scored:
@@ -303,13 +305,6 @@ def judge_and_score(
                                    float(ctx.cfg.reward.overlong_factor))
             rewards[i, : len(group)] += torch.where(valid[i, : len(group)], pen, torch.zeros_like(pen))
     return Scored(list(map(list, groups)), verdicts, rewards, valid)
-
-
-@register_advantage("rubric")
-def rubric_group_advantages(ctx: StepContext, scored: Scored) -> torch.Tensor:
-    """Eq. 1 over each prompt's natural group, [N, G] (the rubric step's estimator; coupled_samples re-derives
-    the coupled groups' from it)."""
-    return group_advantages(scored.rewards, eps=ctx.cfg.advantage.eps, valid=scored.valid)
 
 
 def feedback_indices(
@@ -557,9 +552,9 @@ def coupled_samples(
 
 
 def step_loss_fn(ctx: StepContext, lam: float):
-    """This step's loss: the method's registered loss factory with this step's lambda_guide (eq. 12); a picklable
-    partial (NeMo-RL ships the loss to its workers)."""
-    return ctx.method.loss_factory()(ctx.cfg, lam, ctx.method.token_weighting)
+    """This step's loss: eq. 12 with this step's lambda_guide and the method's guide-loss token weights; a
+    picklable partial (NeMo-RL ships the loss to its workers)."""
+    return recipe_policy_loss_fn(ctx.cfg, lam, ctx.method.token_weighting)
 
 
 def guidance_delta(nat: Scored, priv: Scored | None, targets: list[int]) -> float | None:
@@ -603,26 +598,43 @@ def step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The training step of the rubric methods (rise_nemo.methods.register_step)
+# The step object of the rubric step kind (rise_nemo.methods.registry.RUBRIC)
 
 PROGRESS_KEYS = (("reward/natural_mean", "r_nat"), ("reward/privileged_mean", "r_priv"),
                  ("guidance/delta_r", "dr"), ("guidance/lambda", "lam"), ("guidance/retained", "kept"))
 
 
-@register_step("rubric")
+@RUBRIC.implement_step
 class RubricStep:
     """Rubric-judged GRPO with RISE-RL's guidance (train_step); evaluation without guidance (rubric_eval.py)."""
 
     train_step = staticmethod(train_step)
 
     @staticmethod
-    def build_context(method: Method, run: Any) -> StepContext:
+    def check(method: RubricMethod, cfg: Any) -> None:
+        return None  # the judge block is checked by build_judge
+
+    @staticmethod
+    def check_data(method: RubricMethod, cfg: Any, train_prompts: Sequence[RubricPrompt]) -> None:
+        return None
+
+    @staticmethod
+    def build_judge(method: RubricMethod, cfg: Any) -> Judge:
+        """The rubric judge of the ``judge:`` block, checked (and HTTP judges probed) before any model is built."""
+        return build_checked_judge(cfg.judge)
+
+    @staticmethod
+    def build_parts(method: RubricMethod, cfg: Any, policy: Any, checkpoint: Any) -> dict[str, Any]:
+        return {}  # the judge scores; no verifier, critic or reward model
+
+    @staticmethod
+    def build_context(method: RubricMethod, run: Any) -> StepContext:
         return StepContext(cfg=run.cfg, policy=run.policy, generator=run.generator, judge=run.judge,
                            schedule=make_schedule(run.cfg), rng=run.rng, method=method, total_steps=run.total_steps,
                            pad_id=run.pad_id, samples_per_step=run.samples_per_step)
 
     @staticmethod
-    def progress_keys(method: Method) -> tuple[tuple[str, str], ...]:
+    def progress_keys(method: RubricMethod) -> tuple[tuple[str, str], ...]:
         return PROGRESS_KEYS
 
     @staticmethod

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rise_nemo.config import ConfigError, config_from_dict, load_config, to_yaml
-from rise_nemo.config.schema import METHODS
+from rise_nemo.methods.registry import METHODS
 
 REPO = Path(__file__).resolve().parents[2]
 

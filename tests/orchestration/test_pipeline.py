@@ -97,17 +97,15 @@ def test_a_stage_evaluating_differently_is_named_in_a_warning(pipeline_file):
 
 
 def test_stage_two_init_loads_exactly_stage_one_final_checkpoint(pipeline_file, monkeypatch):
-    from rise_nemo.loop import pipeline as pl
-
     seen = {}
-    real = pl.init_policy_from
+    real = ckpt.init_policy_from
 
     def spy(policy, checkpoint):
         real(policy, checkpoint)
         seen["ckpt"] = checkpoint
         seen["weights"] = {k: v.clone() for k, v in policy.model.state_dict().items()}
 
-    monkeypatch.setattr(pl, "init_policy_from", spy)
+    monkeypatch.setattr(ckpt, "init_policy_from", spy)
     run_pipeline(load_pipeline(pipeline_file))
     s1 = pipeline_file.parent / "runs" / "stage1"
     assert seen["ckpt"] == ckpt.latest_checkpoint(s1) and seen["ckpt"].name == "step_000002"

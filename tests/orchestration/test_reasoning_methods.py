@@ -110,7 +110,7 @@ def test_samples_record_the_given_and_sampled_split_of_replayed_prefixes(tmp_pat
 
 
 def test_ppo_needs_a_critic_and_a_verifier():
-    from rise_nemo.methods import RunParts, get_method
+    from rise_nemo.methods.registry import RunParts, get_method
     from rise_nemo.steps.reasoning import ReasoningContext
 
     with pytest.raises(ValueError, match="needs a critic"):

@@ -53,7 +53,7 @@ def test_rrl_on_the_sandboxed_code_reward(tmp_path, sandbox):
                            "intermediate_size": 64}},
     }, [])
     trainer = build_trainer(cfg)
-    verifier = trainer.verifier
+    verifier = trainer.ctx.verifier
     assert isinstance(verifier, CodeVerifier)
     try:
         assert trainer.run() == 0
