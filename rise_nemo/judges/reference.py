@@ -66,6 +66,8 @@ class ScoreRequest:
 
 
 class ReferenceJudge(Protocol):
+    calls: int  # judge requests made so far (the step's ``judge/step_calls``)
+
     def score(self, requests: Sequence[ScoreRequest], view: SegmentView = "segment") -> list[Scores]:
         """Raw 1-5 scores per request (one per segment in process mode); None where unknown."""
         ...

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from rise_nemo.errors import UserError
-from rise_nemo.interfaces import CheckpointLayout, Critic, Policy
+from rise_nemo.interfaces import CheckpointLayout, Critic, Policy, StagedPolicy
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -195,7 +195,7 @@ def init_policy_from(policy: Any, checkpoint: Path) -> None:
     the KL reference (if any) becomes these weights (the local policy's ``begin_stage``). Local backend (its
     ``policy/state.pt``); NeMo-RL stages start from a converted checkpoint named in their recipe
     (docs/DESIGN.md §8)."""
-    if not hasattr(policy, "begin_stage"):
+    if not isinstance(policy, StagedPolicy):
         raise UserError(f"init: previous needs the local backend's checkpoint format ({checkpoint}/policy); on "
                         "NeMo-RL point the next stage's nemo.policy.model_name at Stage I's converted checkpoint")
     try:

@@ -24,6 +24,7 @@ from rise_nemo.core.rubric import RubricError, RubricPrompt
 from rise_nemo.data.loaders import load_rubric_prompts
 from rise_nemo.errors import UserError
 from rise_nemo.methods.registry import Method, get_method
+from rise_nemo.steps.rollouts import find_tokenizer
 
 
 def persistent_task(cfg: Any):
@@ -142,13 +143,16 @@ def check_tokenizer_covers(cfg: Any, generator: Any, prompts: Sequence[Any]) -> 
     text outside its vocabulary: the first ``UNK_CHECK_PROMPTS`` training prompts (rendered with the chat
     template) and reference solutions are encoded, and any unknown token is a one-line error naming the key.
     Byte-level tokenizers (every real LLM's) have no unknown token and pass untouched."""
-    tokenizer = getattr(getattr(generator, "engine", None), "tokenizer", None)
-    unk = getattr(tokenizer, "unk_token_id", None)
-    if unk is None or not hasattr(generator, "encode_prompt"):
+    try:
+        tokenizer = find_tokenizer(generator)
+    except ValueError:
+        return  # a generator without a tokenizer (a test double) encodes nothing here
+    unk = getattr(tokenizer, "unk_token_id", None)  # a Hugging Face tokenizer's; byte-level ones have none
+    if unk is None:
         return
     for prompt in list(prompts)[:UNK_CHECK_PROMPTS]:
         texts = [("prompt", generator.encode_prompt(list(prompt.messages)))]
-        reference = getattr(prompt, "reference_solution", None)
+        reference = getattr(prompt, "reference_solution", None)  # rubric prompts have none
         if reference:
             texts.append(("reference solution", tokenizer.encode(reference, add_special_tokens=False)))
         for what, ids in texts:

@@ -43,7 +43,7 @@ import rise_nemo.steps.rrl
 import rise_nemo.steps.rubric
 import rise_nemo.steps.sft  # noqa: F401
 from rise_nemo.core.rubric import RubricPrompt
-from rise_nemo.interfaces import Critic, Generator, Judge, Policy, Verifier
+from rise_nemo.interfaces import CountingJudge, Critic, Generator, Judge, Policy, StatsJudge, Verifier
 from rise_nemo.loop import checkpoint as ckpt
 from rise_nemo.loop.data import PromptSampler
 from rise_nemo.loop.rundir import RunDirLock, write_config
@@ -381,15 +381,13 @@ class Trainer:
 def judge_counters(judge: Any) -> dict[str, float]:
     """The judge's cumulative counters (calls, cache hits, retries, timeouts, failures, ...) as
     ``judge/<name>`` floats for metrics.jsonl; {} for a judge without counters."""
-    metrics = getattr(judge, "metrics", None)
-    if callable(metrics):
-        return dict(metrics())
-    stats = getattr(judge, "stats", None)
-    if stats is None:
-        return {}
-    from rise_nemo.judges.stats import stats_to_metrics
+    if isinstance(judge, CountingJudge):
+        return dict(judge.metrics())
+    if isinstance(judge, StatsJudge):
+        from rise_nemo.judges.stats import stats_to_metrics
 
-    return stats_to_metrics(stats)
+        return stats_to_metrics(judge.stats)
+    return {}
 
 
 def seed_everything(seed: int) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from rise_nemo.core.value import make_value_loss, monte_carlo_returns, terminal_token_rewards
+from rise_nemo.interfaces import TunableCritic
 from rise_nemo.steps.reasoning import prefix_value_auc, rollout_batch, verify_rewards
 from rise_nemo.steps.rollouts import STREAM_NATURAL, sampling_params
 
@@ -34,10 +35,10 @@ def pretrain_critic(ctx: Any, problems: Sequence[Any], seed: int, progress: bool
     p = ctx.cfg.ppo
     updates, lr = int(p.critic_pretrain_updates), float(p.critic_pretrain_lr)
     size, per_problem = int(p.critic_pretrain_batch), int(p.critic_pretrain_rollouts)
-    optimizer = getattr(ctx.critic, "optimizer", None)
-    if optimizer is None:
+    if not isinstance(ctx.critic, TunableCritic):
         raise ValueError("config key 'ppo.critic_pretrain_updates': critic pre-training needs the local backend's "
                          "critic (an optimizer to set critic_pretrain_lr on)")
+    optimizer = ctx.critic.optimizer
     t0 = time.perf_counter()
     rng = random.Random(f"critic-pretrain-{seed}")
     order = list(range(len(problems)))

@@ -54,7 +54,15 @@ from rise_nemo.core.value import (
     terminal_token_rewards,
     whiten,
 )
-from rise_nemo.interfaces import KIND_NATURAL, Critic, Generator, Policy, Rollout, Verifier
+from rise_nemo.interfaces import (
+    KIND_NATURAL,
+    BatchMetricsVerifier,
+    Critic,
+    Generator,
+    Policy,
+    Rollout,
+    Verifier,
+)
 from rise_nemo.judges.checked import build_checked_judge
 from rise_nemo.methods.registry import REASONING, ReasoningMethod, Scorer
 from rise_nemo.steps.rollouts import (
@@ -158,7 +166,7 @@ class ReasoningContext:
         return REASONING.scorers.impl(self.scorer.name)(self, problems, groups)
 
     def reference_judge_calls(self) -> int:
-        return int(getattr(self.reference_judge, "calls", 0))
+        return int(self.reference_judge.calls) if self.reference_judge is not None else 0
 
     # The trainer's view of the method's own state (rise_nemo.methods.registry.StepState).
     def state_dict(self) -> dict[str, Any]:
@@ -177,8 +185,8 @@ def verifier_scores(ctx: ReasoningContext, problems: Sequence[ReasoningProblem],
     """The verifier's 0/1 rewards. A verifier with a ``batch_metrics()`` method (e.g. the code reward's pass
     fraction and outcome kinds) adds what it returns, for the batch it just verified, to the step's metrics."""
     rewards, valid = verify_rewards(ctx.verifier, problems, groups)
-    batch_metrics = getattr(ctx.verifier, "batch_metrics", None)
-    return StepScores(rewards, valid, metrics=dict(batch_metrics()) if callable(batch_metrics) else {})
+    metrics = dict(ctx.verifier.batch_metrics()) if isinstance(ctx.verifier, BatchMetricsVerifier) else {}
+    return StepScores(rewards, valid, metrics=metrics)
 
 
 def reasoning_train_step(ctx: ReasoningContext, problems: Sequence[ReasoningProblem], step: int) -> dict[str, Any]:
@@ -517,7 +525,7 @@ def prefix_value_auc(ctx: Any, problems: Sequence[Any], groups: Sequence[Sequenc
 
 
 def prefix_scores_and_labels(ctx: Any, problems, groups, valid, batch, values) -> tuple[list[float], list[bool]]:
-    check = getattr(ctx, "step_accuracy", None)
+    check = ctx.step_accuracy
     if check is None:
         return [], []
     tok = find_tokenizer(ctx.generator)

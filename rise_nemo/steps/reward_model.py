@@ -22,24 +22,29 @@ import torch
 
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.core.rewards import reward_model_rewards
-from rise_nemo.interfaces import Rollout
+from rise_nemo.interfaces import Rollout, TruncatingRewardModel
 from rise_nemo.methods.registry import REASONING
-from rise_nemo.steps.reasoning import StepScores
+from rise_nemo.steps.reasoning import ReasoningContext, StepScores
 from rise_nemo.steps.verifiers import conversation, require_reward_model
 
 
+def truncated(rm: Any) -> int:
+    """Conversations the reward model has cut so far (0 for one that does not count them)."""
+    return int(rm.truncated) if isinstance(rm, TruncatingRewardModel) else 0
+
+
 @REASONING.scorers.implement("reward_model")
-def reward_model_scores(ctx: Any, problems: Sequence[ReasoningProblem],
+def reward_model_scores(ctx: ReasoningContext, problems: Sequence[ReasoningProblem],
                         groups: Sequence[Sequence[Rollout]]) -> StepScores:
     """The reward model's score of every rollout (module docstring); every rollout is valid."""
-    rm = require_reward_model(getattr(ctx, "reward_model", None), "reward.scorer=reward_model")
+    rm = require_reward_model(ctx.reward_model, "reward.scorer=reward_model")
     block = ctx.cfg.reward_model
     n, g = len(groups), max((len(x) for x in groups), default=0)
     convs = [conversation(p, r.response_text) for p, group in zip(problems, groups) for r in group]
     # The problems' reference replies (HH: the chosen turn) in the same call: "solved" = scored above it.
     refs = [conversation(p, p.reference_solution) for p in problems] if all(
         p.reference_solution for p in problems) else []
-    truncated_before = int(getattr(rm, "truncated", 0))
+    truncated_before = truncated(rm)
     flat = rm.score(convs + refs) if convs else []
     if len(flat) != len(convs) + len(refs):
         raise RuntimeError(f"reward model returned {len(flat)} scores for {len(convs) + len(refs)} conversations")
@@ -54,7 +59,7 @@ def reward_model_scores(ctx: Any, problems: Sequence[ReasoningProblem],
     raw = scores[valid]
     metrics = {"rm/score_mean": float(raw.mean()) if raw.numel() else None,
                "rm/score_std": float(raw.std()) if raw.numel() > 1 else None,
-               "rm/truncated": int(getattr(rm, "truncated", 0)) - truncated_before}
+               "rm/truncated": truncated(rm) - truncated_before}
     solved = None
     if refs:
         ref_scores = torch.tensor([float(x) for x in flat[len(convs):]]).reshape(-1, 1)

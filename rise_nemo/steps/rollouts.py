@@ -16,7 +16,14 @@ import numpy as np
 import torch
 
 from rise_nemo.core.losses import ObjectiveConfig, policy_loss_fn
-from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL, Generator, Rollout, SamplingParams
+from rise_nemo.interfaces import (
+    KIND_GUIDED,
+    KIND_NATURAL,
+    Generator,
+    ResponseEncoder,
+    Rollout,
+    SamplingParams,
+)
 
 # Seed streams: each generate call in a step gets its own seed derived from (run seed, step, stream), so a
 # resumed run samples exactly what the uninterrupted run sampled.
@@ -148,7 +155,8 @@ class preserved_rng:
 
 
 def find_tokenizer(generator: Any) -> Any:
-    """The backend's tokenizer (local: ``engine.tokenizer``; nemo: ``session.tokenizer``)."""
+    """The backend's tokenizer (local: ``engine.tokenizer``; nemo: ``session.tokenizer``): the one place that knows
+    where each backend keeps it."""
     for owner in (generator, getattr(generator, "engine", None), getattr(generator, "session", None)):
         tok = getattr(owner, "tokenizer", None)
         if tok is not None:
@@ -174,7 +182,7 @@ def pad_id_of(generator: Any) -> int:
 
 def encode_response(generator: Any, text: str) -> list[int]:
     """Response text -> token ids ending with EOS, as a finished generation would be (reference solutions)."""
-    if hasattr(generator, "encode_response"):
+    if isinstance(generator, ResponseEncoder):
         return list(generator.encode_response(text))
     tok = find_tokenizer(generator)
     return list(tok.encode(text, add_special_tokens=False)) + [int(tok.eos_token_id)]

@@ -57,7 +57,7 @@ def check_granularity(cfg: Any, problems: Sequence[Any]) -> None:
     ever be stored (a reference without cut points gives none, and the policy writes like the references): a
     one-line error naming the key instead of an RRL run that silently is PPO."""
     granularity, marker = str(cfg.rrl.granularity), str(cfg.rrl.step_marker)
-    refs = [str(getattr(p, "reference_solution", "") or "").strip() for p in problems]
+    refs = [str(p.reference_solution or "").strip() for p in problems]
     if granularity == "token" or not refs:
         return
     cuts = (lambda t: "\n" in t) if granularity == "line" else (lambda t: marker in t[1:])
@@ -108,7 +108,7 @@ class RRLHooks(StepHooks):
         if self.scorer != "value":  # ExpRL's reference judge from the ``judge:`` block (default: the rule judge)
             from rise_nemo.judges.reference import build_reference_judge
 
-            judge_cfg = getattr(cfg, "judge", None)
+            judge_cfg = cfg.judge
             self.judge = build_reference_judge(judge_cfg if judge_cfg and judge_cfg.get("type") else {"type": "rule"})
         s = r.stabilise
         self.stabilisation = ValueStabilisation(window=int(s.window), tolerance=float(s.tolerance),
@@ -170,7 +170,7 @@ class RRLHooks(StepHooks):
             **{f"rrl/states_{k}": self.buffer.stats[k] - before[k] for k in ("added", "removed", "evicted", "dropped")},
             "rrl/buffer_size": len(self.buffer),
             "rrl/buffer_problems": len(self.buffer.states),
-            **({} if self.judge is None else {"rrl/judge_calls": int(getattr(self.judge, "calls", 0))}),
+            **({} if self.judge is None else {"rrl/judge_calls": int(self.judge.calls)}),
         }
 
     def _push_best(self, ctx: ReasoningContext, problem: ReasoningProblem, response_ids: Sequence[int],

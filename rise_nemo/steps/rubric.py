@@ -53,11 +53,14 @@ from rise_nemo.core.schedule import GuidanceSchedule, reward_gap
 from rise_nemo.interfaces import (
     KIND_GUIDED,
     KIND_NATURAL,
+    FillsPrevLogprobs,
     Generator,
     Judge,
     JudgeRequest,
     Policy,
+    ResponseDecoder,
     Rollout,
+    SpanLocatingJudge,
     Verdict,
 )
 from rise_nemo.judges.checked import build_checked_judge
@@ -112,7 +115,7 @@ class StepContext:
     policy: Policy
     generator: Generator
     judge: Judge
-    schedule: Any  # rise_nemo.core.schedule.GuidanceSchedule
+    schedule: GuidanceSchedule
     rng: random.Random  # template choice (eq. 6) and RuscaRL criterion subsets; checkpointed
     method: RubricMethod  # its switches: guidance, coupled, ruscarl, token_weighting
     total_steps: int
@@ -152,9 +155,9 @@ class StepContext:
 
     def summary(self, step: int) -> dict[str, Any]:
         """The guidance switch, only if it happened (a fixed schedule past the last step is not reported)."""
-        switch_step = getattr(self.schedule, "switch_step", None)
+        switch_step = self.schedule.switch_step
         switched = self.method.guidance and switch_step is not None and step >= switch_step
-        return {"switch_reason": getattr(self.schedule, "switch_reason", None) if switched else None,
+        return {"switch_reason": self.schedule.switch_reason if switched else None,
                 "switch_step": switch_step if switched else None}
 
     def original_prompt_ids(self, prompt: RubricPrompt) -> list[int]:
@@ -231,7 +234,7 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
     if ctx.samples_per_step:
         ctx.last_samples = sample_records(step, prompts, nat, priv, targets, samples, ctx.samples_per_step)
     batch = build_batch(samples, ctx.pad_id)
-    if not getattr(ctx.policy, "fills_prev_logprobs", False):  # only the loss reads them (the PPO ratio's pi_old)
+    if not (isinstance(ctx.policy, FillsPrevLogprobs) and ctx.policy.fills_prev_logprobs):  # only the loss reads them
         batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
     train_metrics = ctx.policy.train(batch, step_loss_fn(ctx, lam))  # eq. 12, ONE call for both kinds
     t_train = time.perf_counter()
@@ -502,9 +505,9 @@ def penalised_span_masks(
     whose text was located and masked).
     """
     excused = torch.zeros_like(priv_z)
-    locate = getattr(ctx.judge, "locate_spans", None)
-    decode = getattr(ctx.generator, "decode_response", None)
-    if not ctx.options.mask_penalised_spans or locate is None or decode is None:
+    judge, generator = ctx.judge, ctx.generator
+    if not (ctx.options.mask_penalised_spans and isinstance(judge, SpanLocatingJudge)
+            and isinstance(generator, ResponseDecoder)):
         return {}, excused
     negative = [k for k, c in enumerate(prompt.rubric.criteria) if c.is_negative]
     masks: dict[int, list[int]] = {}
@@ -516,7 +519,7 @@ def penalised_span_masks(
         for k in negative:
             if not bool(priv_z[j, k]):
                 continue
-            found = locate(request, k)
+            found = judge.locate_spans(request, k)
             if ctx.options.span_unit == "sentence":
                 found = [sentence_span(r.response_text, a, b) for a, b in found]
             if found:
@@ -524,7 +527,7 @@ def penalised_span_masks(
                 spans += found
         if spans:
             ids = list(r.response_token_ids)
-            masks[j] = token_span_mask(len(ids), lambda n, ids=ids: len(decode(ids[:n])), spans)
+            masks[j] = token_span_mask(len(ids), lambda n, ids=ids: len(generator.decode_response(ids[:n])), spans)
     return masks, excused
 
 
@@ -589,7 +592,7 @@ def step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_
     metrics.update({k: finite_or_none(float(v)) for k, v in train_metrics.items()})
     if ctx.method.guidance:  # only once guidance has actually been removed (never for a run that did not switch)
         switched = not bool(ctx.schedule.active)
-        metrics["guidance/switch_reason"] = getattr(ctx.schedule, "switch_reason", None) if switched else None
+        metrics["guidance/switch_reason"] = ctx.schedule.switch_reason if switched else None
     metrics["time/step_s"] = t_end - t_start
     metrics["time/natural_s"] = t_natural - t_start
     metrics["time/privileged_s"] = t_priv - t_natural
