@@ -71,11 +71,12 @@ from rise_nemo.steps.rollouts import (
     build_batch,
     eval_sampling_params,
     find_tokenizer,
+    generate_each,
     recipe_policy_loss_fn,
     sampling_params,
     token_texts,
 )
-from rise_nemo.steps.verifiers import build_problem_parts, check_real_model, check_verifier
+from rise_nemo.steps.verifiers import build_problem_parts, check_real_model, check_verifier, verify_groups
 
 
 @dataclass
@@ -316,11 +317,7 @@ def sample_groups(
     if len(prefixes) != len(problems) or any(len(row) != g for row in prefixes):
         raise ValueError(f"start states: expected [{len(problems)}][{g}] prefixes, got "
                          f"{[len(row) for row in prefixes]}")
-    flat = ctx.generator.generate([m for m in prompts for _ in range(g)], 1, params,
-                                  prefixes=[list(x) for row in prefixes for x in row])
-    if len(flat) != len(problems) * g or any(len(r) != 1 for r in flat):
-        raise RuntimeError(f"generator returned {len(flat)} groups for {len(problems) * g} single-sample prompts")
-    return [[flat[i * g + j][0] for j in range(g)] for i in range(len(problems))]
+    return generate_each(ctx.generator, [[m] * g for m in prompts], params, prefixes)
 
 
 def scratch_perplexity_variance(batch: dict[str, torch.Tensor], groups: Sequence[Sequence[Rollout]],
@@ -337,18 +334,11 @@ def verify_rewards(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse rewards [N, G] (1 correct, 0 wrong) and valid [N, G] (False where the verifier could not
     decide: the response is excluded, never scored). One verifier call for the whole step."""
-    flat_p = [p for p, g in zip(problems, groups) for _ in g]
-    flat_r = [r.response_text for g in groups for r in g]
-    verdicts = verifier.verify(flat_p, flat_r) if flat_r else []
-    if len(verdicts) != len(flat_r):
-        raise RuntimeError(f"verifier returned {len(verdicts)} verdicts for {len(flat_r)} responses")
+    verdicts = verify_groups(verifier, problems, groups)
     n, g = len(groups), max((len(x) for x in groups), default=0)
     rewards, valid = torch.zeros(n, g), torch.zeros(n, g, dtype=torch.bool)
-    pos = 0
-    for i, group in enumerate(groups):
-        for j in range(len(group)):
-            v = verdicts[pos]
-            pos += 1
+    for i, row in enumerate(verdicts):
+        for j, v in enumerate(row):
             if v is not None:
                 rewards[i, j], valid[i, j] = float(bool(v)), True
     return rewards, valid

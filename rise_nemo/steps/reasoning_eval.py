@@ -24,6 +24,7 @@ from rise_nemo.core.metrics import pass_at_k
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.interfaces import Generator, SamplingParams, Verifier
 from rise_nemo.steps.rollouts import preserved_rng
+from rise_nemo.steps.verifiers import verify_groups
 
 
 def k_values(n: int) -> list[int]:
@@ -47,14 +48,8 @@ def evaluate_reasoning(
     """Sample, verify and summarise; see the module docstring. Global RNG states are left untouched."""
     with preserved_rng():
         groups = generator.generate([list(p.messages) for p in problems], n, params)
-    flat_p = [p for p, g in zip(problems, groups) for _ in g]
-    flat_r = [r for g in groups for r in g]
-    verdicts = verifier.verify(flat_p, [r.response_text for r in flat_r])
     levels: dict[int, dict[str, Any]] = {}
-    pos = 0
-    for problem, group in zip(problems, groups):
-        verdict = verdicts[pos : pos + len(group)]
-        pos += len(group)
+    for problem, group, verdict in zip(problems, groups, verify_groups(verifier, problems, groups)):
         lv = levels.setdefault(int(problem.difficulty or 0), {"problems": 0, "correct": [], "n": [], "undecided": 0,
                                                                "tokens": 0, "responses": 0, "nll": 0.0,
                                                                "steps_ok": 0, "steps": 0})

@@ -25,6 +25,7 @@ from rise_nemo.core.rewards import reward_model_rewards
 from rise_nemo.interfaces import Rollout, TruncatingRewardModel
 from rise_nemo.methods.registry import REASONING
 from rise_nemo.steps.reasoning import ReasoningContext, StepScores
+from rise_nemo.steps.rollouts import flat_call
 from rise_nemo.steps.verifiers import conversation, require_reward_model
 
 
@@ -40,20 +41,16 @@ def reward_model_scores(ctx: ReasoningContext, problems: Sequence[ReasoningProbl
     rm = require_reward_model(ctx.reward_model, "reward.scorer=reward_model")
     block = ctx.cfg.reward_model
     n, g = len(groups), max((len(x) for x in groups), default=0)
-    convs = [conversation(p, r.response_text) for p, group in zip(problems, groups) for r in group]
+    convs = [[conversation(p, r.response_text) for r in group] for p, group in zip(problems, groups)]
     # The problems' reference replies (HH: the chosen turn) in the same call: "solved" = scored above it.
     refs = [conversation(p, p.reference_solution) for p in problems] if all(
         p.reference_solution for p in problems) else []
     truncated_before = truncated(rm)
-    flat = rm.score(convs + refs) if convs else []
-    if len(flat) != len(convs) + len(refs):
-        raise RuntimeError(f"reward model returned {len(flat)} scores for {len(convs) + len(refs)} conversations")
+    *rollout_scores, ref_flat = flat_call(rm.score, [*convs, refs], "reward model")
     scores, valid = torch.zeros(n, g), torch.zeros(n, g, dtype=torch.bool)
-    pos = 0
-    for i, group in enumerate(groups):
-        for j in range(len(group)):
-            scores[i, j], valid[i, j] = float(flat[pos]), True
-            pos += 1
+    for i, row in enumerate(rollout_scores):
+        for j, score in enumerate(row):
+            scores[i, j], valid[i, j] = float(score), True
     rewards = reward_model_rewards(scores, valid, offset=float(block.offset), normalize=str(block.normalize),
                                    clip=block.clip)
     raw = scores[valid]
@@ -62,7 +59,7 @@ def reward_model_scores(ctx: ReasoningContext, problems: Sequence[ReasoningProbl
                "rm/truncated": truncated(rm) - truncated_before}
     solved = None
     if refs:
-        ref_scores = torch.tensor([float(x) for x in flat[len(convs):]]).reshape(-1, 1)
+        ref_scores = torch.tensor([float(x) for x in ref_flat]).reshape(-1, 1)
         solved = (scores > ref_scores) & valid
         metrics["rm/reference_score_mean"] = float(ref_scores.mean())
         metrics["rm/beats_reference"] = float(solved[valid].float().mean()) if bool(valid.any()) else None

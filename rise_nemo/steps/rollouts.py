@@ -8,9 +8,9 @@ Nothing here knows a method: the steps (rubric, reasoning, sft) and the behaviou
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from rise_nemo.interfaces import (
 # Seed streams: each generate call in a step gets its own seed derived from (run seed, step, stream), so a
 # resumed run samples exactly what the uninterrupted run sampled.
 STREAM_NATURAL, STREAM_PRIVILEGED, STREAM_EVAL = 1, 2, 3
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def derive_seed(run_seed: int, step: int, stream: int) -> int:
@@ -58,18 +61,42 @@ def sampling_params(cfg: Any, step: int, stream: int) -> SamplingParams:
     )
 
 
+def flat_call(fn: Callable[[list[T]], Sequence[R]], groups: Sequence[Sequence[T]], what: str) -> list[list[R]]:
+    """Flatten N groups, ONE call, regroup: ``fn`` on the items of every group in order (one generate, verifier,
+    judge or reward-model call per step), its results cut back into groups of the same sizes. A result count
+    that does not add up is a RuntimeError naming ``what``; no item, no call."""
+    flat = [x for group in groups for x in group]
+    out = list(fn(flat)) if flat else []
+    if len(out) != len(flat):
+        raise RuntimeError(f"{what} returned {len(out)} results for {len(flat)} items")
+    results = iter(out)
+    return [[next(results) for _ in group] for group in groups]
+
+
+def generate_each(generator: Generator, conversations: Sequence[Sequence[list[dict]]], params: SamplingParams,
+                  prefixes: Sequence[Sequence[list[int]]] | None = None) -> list[list[Rollout]]:
+    """One sample of every conversation of every group (``prefixes[i][j]``: the given response tokens rollout j
+    of group i continues) in ONE generate call with n = 1: [N][G_i]."""
+    def one_each(flat: list[tuple[list[dict], list[int] | None]]) -> list[Rollout]:
+        convs = [c for c, _ in flat]
+        rows = (generator.generate(convs, 1, params) if prefixes is None
+                else generator.generate(convs, 1, params, prefixes=[list(p or []) for _, p in flat]))
+        if any(len(row) != 1 for row in rows):
+            raise RuntimeError(f"generator returned {[len(row) for row in rows]} samples for single-sample prompts")
+        return [row[0] for row in rows]
+
+    pairs = [[(c, prefixes[i][j] if prefixes is not None else None) for j, c in enumerate(group)]
+             for i, group in enumerate(conversations)]
+    return flat_call(one_each, pairs, "generator")
+
+
 def generate_groups(generator: Generator, requests: Sequence[tuple[list[dict], int]],
                     params: SamplingParams) -> list[list[Rollout]]:
     """ONE generate call for (conversation, n) requests whose n may differ: [len(requests)][n]."""
     sizes = {n for _, n in requests}
     if len(sizes) == 1:
         return generator.generate([c for c, _ in requests], sizes.pop(), params)
-    flat = generator.generate([c for c, n in requests for _ in range(n)], 1, params)
-    out, pos = [], 0
-    for _, n in requests:
-        out.append([row[0] for row in flat[pos : pos + n]])
-        pos += n
-    return out
+    return generate_each(generator, [[c] * n for c, n in requests], params)
 
 
 def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, torch.Tensor]:

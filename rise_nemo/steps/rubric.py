@@ -70,6 +70,7 @@ from rise_nemo.steps.rollouts import (
     STREAM_PRIVILEGED,
     TrainSample,
     build_batch,
+    generate_each,
     generate_groups,
     recipe_policy_loss_fn,
     sampling_params,
@@ -273,16 +274,13 @@ def sample_natural(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int)
     if not ctx.method.ruscarl:
         return ctx.generator.generate([list(p.messages) for p in prompts], g, params)
     progress = (step - 1) / max(1, ctx.total_steps)  # x in [0, 1): training progress of phi(x)
-    scaffolds = []
+    scaffolds = []  # [N][G]: each sample under its own scaffold
     for p in prompts:
         criteria = list(p.rubric.criteria)
-        for i in range(g):
-            n_shown = ruscarl_num_scaffold(
-                len(criteria), i, g, progress, alpha=float(ctx.cfg.ruscarl.alpha), t0=float(ctx.cfg.ruscarl.t0)
-            )
-            scaffolds.append(build_ruscarl_prompt(list(p.messages), criteria, ctx.rng, num=n_shown))
-    flat = ctx.generator.generate(scaffolds, 1, params)  # [N*G][1]
-    return [[flat[n * g + i][0] for i in range(g)] for n in range(len(prompts))]
+        scaffolds.append([build_ruscarl_prompt(list(p.messages), criteria, ctx.rng, num=ruscarl_num_scaffold(
+            len(criteria), i, g, progress, alpha=float(ctx.cfg.ruscarl.alpha), t0=float(ctx.cfg.ruscarl.t0)))
+            for i in range(g)])
+    return generate_each(ctx.generator, scaffolds, params)
 
 
 @RUBRIC.scorers.implement("rubric_judge")

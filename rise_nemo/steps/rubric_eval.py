@@ -23,7 +23,7 @@ from rise_nemo.core.metrics import criterion_coverage
 from rise_nemo.core.rewards import rubric_reward
 from rise_nemo.core.rubric import RubricPrompt
 from rise_nemo.interfaces import Generator, Judge, JudgeRequest, Rollout, Verdict
-from rise_nemo.steps.rollouts import eval_sampling_params, preserved_rng
+from rise_nemo.steps.rollouts import eval_sampling_params, flat_call, preserved_rng
 
 
 class EvaluationError(RuntimeError):
@@ -97,20 +97,11 @@ def judge_groups(
     judge: Judge, prompts: Sequence[RubricPrompt], groups: Sequence[Sequence[Rollout]]
 ) -> list[list[list[Verdict]]]:
     """One judge call for all responses; each request carries the ORIGINAL conversation, never a hint."""
-    requests = [
-        JudgeRequest(conversation=list(p.messages), response=r.response_text, rubric=p.rubric, prompt_id=p.prompt_id)
-        for p, group in zip(prompts, groups)
-        for r in group
-    ]
-    flat = judge.judge(requests) if requests else []
-    if len(flat) != len(requests):
-        raise RuntimeError(f"judge returned {len(flat)} verdict lists for {len(requests)} requests")
-    out, pos = [], 0
-    for p, group in zip(prompts, groups):
-        rows = [list(v) for v in flat[pos : pos + len(group)]]
+    requests = [[JudgeRequest(conversation=list(p.messages), response=r.response_text, rubric=p.rubric,
+                              prompt_id=p.prompt_id) for r in group] for p, group in zip(prompts, groups)]
+    out = [[list(v) for v in rows] for rows in flat_call(judge.judge, requests, "judge")]
+    for p, rows in zip(prompts, out):
         for row in rows:
             if len(row) != len(p.rubric):
                 raise RuntimeError(f"judge returned {len(row)} verdicts for prompt {p.prompt_id} with {len(p.rubric)} criteria")
-        out.append(rows)
-        pos += len(group)
     return out
