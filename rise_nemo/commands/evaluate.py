@@ -95,16 +95,15 @@ def run(args: argparse.Namespace) -> int:
     # Problems (the embedded reasoning task, GSM8K / MATH / APPS / HH-RLHF rows of a method on problems) are
     # scored by their verifier, rubric prompts by the judge.
     reasoning = get_method(str(cfg.method)).data == "problems"
+    if reasoning:
+        check_verifier(cfg)  # its extra, the reward model's path: before anything is read or built
 
     def check_eval(eval_prompts: Any) -> Any:
-        """Before the model is built and anything generated: held-out prompts, the verifier's needs (its extra, the
-        reward model) or the judge (built, HTTP judges probed)."""
+        """Before the model is built and anything generated: held-out prompts, and the judge of rubric prompts
+        (built, HTTP judges probed)."""
         if not eval_prompts:
             raise UserError("the recipe has no held-out prompts (data.eval_path)")
-        if reasoning:
-            check_verifier(cfg)
-            return None
-        return build_checked_judge(cfg.judge)
+        return None if reasoning else build_checked_judge(cfg.judge)
 
     model = load_eval_model(cfg, run_dir, args.checkpoint, env_sources, before_build=check_eval)
     if run_dir is not None and model.checkpoint is None:
@@ -131,7 +130,7 @@ def _run_suite(args: argparse.Namespace) -> int:
     """`eval --suite NAME MODEL`: generate (rise_nemo.evals.generate), then score like `rise-nemo score`."""
     import sys
 
-    from rise_nemo.commands.score import print_suites, score_and_report
+    from rise_nemo.commands.score import close_scoring, prepare_scoring, print_suites, score_and_report
     from rise_nemo.errors import UserError, check_output_path
     from rise_nemo.evals import get_suite
     from rise_nemo.evals.generate import generate_responses, load_generator
@@ -155,19 +154,24 @@ def _run_suite(args: argparse.Namespace) -> int:
     if args.limit is not None:
         items = items[:args.limit]
         args.partial = True
-    if suite.needs_baseline and not args.baseline and suite.default_baseline(items) is None:
-        raise UserError(f"suite {suite.name}: give --baseline FILE (the baseline model's responses)")
-    generator, described = load_generator(str(model), args.checkpoint, args.overrides)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            seed=args.seed)
-    out.mkdir(parents=True, exist_ok=True)
-    responses = out / f"{suite.name}.responses.jsonl"
-    samples = generate_responses(generator, items, args.samples, params, responses,
-                                 progress=lambda line: print(line, file=sys.stderr, flush=True))
+    # Everything scoring needs (the suite's extra, sandbox, baseline, judge) before the model is loaded and the
+    # first response generated: on a real model, generating 1,319 GSM8K answers before an error costs an hour.
+    ctx, info = prepare_scoring(suite, items, args, out)
+    try:
+        generator, described = load_generator(str(model), args.checkpoint, args.overrides)
+        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                                seed=args.seed)
+        out.mkdir(parents=True, exist_ok=True)
+        responses = out / f"{suite.name}.responses.jsonl"
+        samples = generate_responses(generator, items, args.samples, params, responses,
+                                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except BaseException:
+        close_scoring(ctx)
+        raise
     sampling = {"samples": args.samples, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                 "top_p": args.top_p, "seed": args.seed}
     score_and_report(suite, items, samples, args, out,
-                     {"responses": str(responses), "generation": {**described, **sampling}})
+                     {**info, "responses": str(responses), "generation": {**described, **sampling}}, ctx)
     return 0
 
 

@@ -211,7 +211,11 @@ def final_checkpoint(run_dir: Path) -> Path:
 
 def run_pipeline(pipeline: Pipeline, overrides: Sequence[str] = (), stop_after: int | None = None) -> int:
     """Run (or resume) every stage in order (module docstring). Returns 0, also after a stop signal."""
+    from rise_nemo.loop.run import check_run
+
     configs = [stage_config(pipeline, stage, overrides) for stage in pipeline.stages]  # all checked first
+    for cfg in configs:  # and what every stage's method needs, before the first stage trains
+        check_run(cfg)
     created = not pipeline.dir.exists()
     pipeline.dir.mkdir(parents=True, exist_ok=True)
     try:

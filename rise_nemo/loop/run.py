@@ -39,6 +39,17 @@ def runnable_method(cfg: Any) -> Method:
     return method
 
 
+def check_run(cfg: Any) -> Method:
+    """The checks of a run that need no data and no model: its method (``runnable_method``), what the method's
+    step needs (``TrainingStep.check``: the verifier's extra, the code sandbox, the reward model's path, a real
+    model for real text) and the backend's block and extras. ``build_trainer`` runs them first; a pipeline runs
+    them for every stage before its first stage trains. Returns the method."""
+    method = runnable_method(cfg)
+    method.training_step().check(method, cfg)
+    check_backend(cfg)
+    return method
+
+
 def check_backend(cfg: Any) -> None:
     """The backend's own config block and the extras it imports, without building anything."""
     from rise_nemo.backends import require_backend_extras
@@ -70,12 +81,10 @@ def build_trainer(cfg: Any, run_dir: str | Path | None = None, stop_after: int |
         try:
             changes = check_resume(run_dir, cfg, allow_config_change)
             # The method's step checks and builds what the method needs (rise_nemo.methods.registry.TrainingStep).
-            method = runnable_method(cfg)
+            method = check_run(cfg)  # extras, reward model, real model, backend block: before any data is read
             step = method.training_step()
-            step.check(method, cfg)  # extras, reward model, real model: before any data is read
             train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources, method)
             step.check_data(method, cfg, train_prompts)  # e.g. RRL: rrl.granularity can cut the data
-            check_backend(cfg)
             judge = step.build_judge(method, cfg)  # the rubric or reference judge, probed before any model is built
             from rise_nemo.backends import build_backend
 

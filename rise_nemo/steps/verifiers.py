@@ -38,6 +38,10 @@ def check_verifier(cfg: Any, scorer: Scorer | None = None) -> None:
         require_extra("math", "math_verify", what=f"checking math answers (data.format {cfg.data.format})")
     if kind == "code" and int(cfg.code_reward.ray_actors) > 0:
         require_extra("judge", "ray", what="the code sandbox's Ray actors (code_reward.ray_actors > 0)")
+    elif kind == "code":  # the sandbox pool runs here: bubblewrap must start (SandboxUnavailable is one line)
+        from rise_nemo.judges.sandbox import BubblewrapSandbox
+
+        BubblewrapSandbox().check()
     if needs_reward_model(cfg, scorer):
         check_reward_model(cfg)
 
