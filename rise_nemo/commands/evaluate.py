@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
 
     # Problems (the embedded reasoning task, GSM8K / MATH / APPS / HH-RLHF rows of a method on problems) are
     # scored by their verifier, rubric prompts by the judge.
-    reasoning = get_method(str(cfg.method)).data == "problems"
+    method = get_method(str(cfg.method))
+    reasoning = method.data == "problems"
     if reasoning:
         check_verifier(cfg)  # its extra, the reward model's path: before anything is read or built
 
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("the recipe has no held-out prompts (data.eval_path)")
         return None if reasoning else build_checked_judge(cfg.judge)
 
-    model = load_eval_model(cfg, run_dir, args.checkpoint, env_sources, before_build=check_eval)
+    model = load_eval_model(cfg, run_dir, args.checkpoint, env_sources, before_build=check_eval, method=method)
     if run_dir is not None and model.checkpoint is None:
         print(f"rise-nemo eval: {run_dir} has no complete checkpoint; evaluating the initial policy", file=sys.stderr)
     generator, judge, eval_prompts, step = model.generator, model.checked, model.eval_prompts, model.step

@@ -123,17 +123,18 @@ class EvalModel:
 
 def load_eval_model(cfg: Any, run_dir: Path | None, checkpoint: str | None,
                     env_sources: Mapping[str, str] | None = None,
-                    before_build: Callable[[Any], Any] | None = None) -> EvalModel:
+                    before_build: Callable[[Any], Any] | None = None, method: Method | None = None) -> EvalModel:
     """The model `rise-nemo eval` and `eval --suite` evaluate: ``run_dir``'s checkpoint (its latest, or the one
     ``checkpoint`` names), else the recipe's initial policy (the warm-started model on the embedded tasks, as a
     fresh training run starts). Everything a user can get wrong is checked before the backend is built:
     checkpoint, data, backend, then ``before_build(eval_prompts)`` (the caller's own checks: a judge probe).
+    ``method``: the recipe's method as the caller resolved it (default: the one ``cfg.method`` names).
     The backend gets the recipe's training set, as in training: the nemo backend builds NeMo-RL's setup
     (dataloader included) from it, and a backend that loads weights only when its model is built (nemo) is
     built from the checkpoint."""
     layout = ckpt.checkpoint_layout(cfg)
     path = ckpt.resolve_checkpoint(run_dir, checkpoint, layout) if run_dir is not None else None
-    train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
+    train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources, method)
     check_backend(cfg)
     checked = before_build(eval_prompts) if before_build is not None else None
     from rise_nemo.backends import build_backend

@@ -75,8 +75,9 @@ from rise_nemo.steps.rollouts import (
     recipe_policy_loss_fn,
     sampling_params,
     token_texts,
+    verify_groups,
 )
-from rise_nemo.steps.verifiers import build_problem_parts, check_real_model, check_verifier, verify_groups
+from rise_nemo.steps.verifiers import build_problem_parts, check_real_model, check_verifier
 
 
 @dataclass

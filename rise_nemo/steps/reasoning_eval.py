@@ -23,8 +23,7 @@ from typing import Any
 from rise_nemo.core.metrics import pass_at_k
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.interfaces import Generator, SamplingParams, Verifier
-from rise_nemo.steps.rollouts import preserved_rng
-from rise_nemo.steps.verifiers import verify_groups
+from rise_nemo.steps.rollouts import preserved_rng, verify_groups
 
 
 def k_values(n: int) -> list[int]:

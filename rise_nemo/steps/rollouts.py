@@ -1,6 +1,8 @@
 """What every training step shares, whichever method runs: sampling streams and parameters, one generate call
 for groups of rollouts, the training samples and the batch built from them (rise_nemo.interfaces conventions),
 the policy-gradient loss of a recipe, and text <-> tokens through whichever backend's generator a step holds.
+Each step makes ONE generate, verify, judge or reward-model call for all its rollouts: ``flat_call`` flattens
+the N groups, calls once and regroups.
 
 Nothing here knows a method: the steps (rubric, reasoning, sft) and the behaviour they plug in call it.
 """
@@ -16,6 +18,7 @@ import numpy as np
 import torch
 
 from rise_nemo.core.losses import ObjectiveConfig, policy_loss_fn
+from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.interfaces import (
     KIND_GUIDED,
     KIND_NATURAL,
@@ -23,6 +26,7 @@ from rise_nemo.interfaces import (
     ResponseEncoder,
     Rollout,
     SamplingParams,
+    Verifier,
 )
 
 # Seed streams: each generate call in a step gets its own seed derived from (run seed, step, stream), so a
@@ -97,6 +101,13 @@ def generate_groups(generator: Generator, requests: Sequence[tuple[list[dict], i
     if len(sizes) == 1:
         return generator.generate([c for c, _ in requests], sizes.pop(), params)
     return generate_each(generator, [[c] * n for c, n in requests], params)
+
+
+def verify_groups(verifier: Verifier, problems: Sequence[ReasoningProblem],
+                  groups: Sequence[Sequence[Rollout]]) -> list[list[bool | None]]:
+    """The verifier's verdict on every rollout of every problem's group, in ONE verify call: [N][G_i]."""
+    pairs = [[(p, r.response_text) for r in group] for p, group in zip(problems, groups)]
+    return flat_call(lambda flat: verifier.verify([p for p, _ in flat], [text for _, text in flat]), pairs, "verifier")
 
 
 def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, torch.Tensor]:

@@ -16,7 +16,6 @@ from typing import Any, Literal
 
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.errors import UserError, require_extra
-from rise_nemo.interfaces import Rollout, Verifier
 from rise_nemo.methods.registry import Scorer
 from rise_nemo.steps.rollouts import flat_call
 
@@ -62,13 +61,6 @@ def build_verifier(cfg: Any, reward_model: Any = None) -> tuple[Any, Any]:
     from rise_nemo.judges.verifiers import MathVerifier
 
     return MathVerifier(), None
-
-
-def verify_groups(verifier: Verifier, problems: Sequence[ReasoningProblem],
-                  groups: Sequence[Sequence[Rollout]]) -> list[list[bool | None]]:
-    """The verifier's verdict on every rollout of every problem's group, in ONE verify call: [N][G_i]."""
-    pairs = [[(p, r.response_text) for r in group] for p, group in zip(problems, groups)]
-    return flat_call(lambda flat: verifier.verify([p for p, _ in flat], [text for _, text in flat]), pairs, "verifier")
 
 
 def build_problem_parts(cfg: Any, scorer: Scorer | None = None) -> dict[str, Any]:
