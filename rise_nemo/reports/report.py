@@ -28,76 +28,87 @@ def build_figures(runs: Sequence[RunData]) -> dict[str, Any]:
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     figures: dict[str, Any] = {}
-
-    def finish(fig, axes, title: str | None = None) -> None:
-        for ax in axes:
-            ax.set_xlabel("step")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.grid(alpha=0.3)
-        for i, run in enumerate(runs):  # the guidance switch, on every plot over steps
-            if run.switch_step is not None:
-                for j, ax in enumerate(axes):
-                    ax.axvline(run.at(run.switch_step), color=colors[i % len(colors)], linestyle=":",
-                               label=f"{run.label} guidance removed @ {run.switch_step}" if j == 0 else None)
-        handles, labels = [], []
-        for ax in axes:
-            h, lab = ax.get_legend_handles_labels()
-            handles += h
-            labels += lab
-        if handles:  # one legend per figure
-            if len(axes) == 1:
-                axes[0].legend(handles, labels, fontsize=7)
-            else:
-                fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=min(3, len(labels)))
-        if title:
-            fig.suptitle(title, fontsize=10)
-        fig.tight_layout(rect=(0, 0.12 if len(axes) > 1 and handles else 0, 1, 1))
-
-    def figure(name: str, title: str, ylabel: str, draw) -> None:
+    for name, title, ylabel, draw in STEP_FIGURES:
         fig, ax = plt.subplots(figsize=(7, 4))
         for i, run in enumerate(runs):
             draw(ax, run, colors[i % len(colors)])
         ax.set_title(title)
         ax.set_ylabel(ylabel)
-        finish(fig, [ax])
+        _finish(fig, [ax], runs, colors)
         figures[name] = fig
+    figures["eval.png"] = _eval_figure(plt, runs, colors)
+    return figures
 
-    def rewards(ax, run, c):
-        ax.plot(*series(run, "reward/natural_mean"), color=c, label=f"{run.label} natural")
-        xs, ys = series(run, "reward/privileged_mean")
-        if xs:
-            ax.plot(xs, ys, color=c, linestyle="--", label=f"{run.label} privileged")
 
-    def delta_r(ax, run, c):
-        xs, ys = series(run, "guidance/delta_r")
-        if xs:
-            ax.plot(xs, ys, color=c, marker=".", label=run.label)
+def _finish(fig: Any, axes: Sequence[Any], runs: Sequence[RunData], colors: Sequence[str]) -> None:
+    """Integer step axes with a grid, each run's guidance switch on every axes, one legend per figure."""
+    from matplotlib.ticker import MaxNLocator
 
-    def retention(ax, run, c):
-        xs, ys = series(run, "guidance/privileged_rollouts")
-        if xs and any(ys):
-            ax.plot(xs, ys, color=c, linestyle="--", label=f"{run.label} privileged rollouts (total)")
-        xs, ys = series(run, "guidance/retained")
-        if xs:
-            ax.plot(xs, ys, color=c, marker=".", label=f"{run.label} retained (A_ref > 0)")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    for i, run in enumerate(runs):  # the guidance switch, on every plot over steps
+        if run.switch_step is not None:
+            for j, ax in enumerate(axes):
+                ax.axvline(run.at(run.switch_step), color=colors[i % len(colors)], linestyle=":",
+                           label=f"{run.label} guidance removed @ {run.switch_step}" if j == 0 else None)
+    handles, labels = [], []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    if handles:  # one legend per figure
+        if len(axes) == 1:
+            axes[0].legend(handles, labels, fontsize=7)
+        else:
+            fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=min(3, len(labels)))
+    fig.tight_layout(rect=(0, 0.12 if len(axes) > 1 and handles else 0, 1, 1))
 
-    def single(key):
-        def draw(ax, run, c):
-            xs, ys = series(run, key)
-            if xs:
-                ax.plot(xs, ys, color=c, label=run.label)
-        return draw
 
-    figure("rewards.png", "Mean rubric reward: natural (solid) vs privileged (dashed)", "mean reward (eq. 3)", rewards)
-    figure("delta_r.png", "Delta_r = mean r_priv - mean r_nat (eq. 13)", "Delta_r (reward)", delta_r)
-    figure("entropy.png", "Policy entropy (sampled-token estimate)", "entropy (nats / token)", single("policy/entropy"))
-    figure("retention.png", "Guided trajectories per step: retained (eq. 8) of all privileged rollouts",
-           "responses per step", retention)
+def _rewards(ax: Any, run: RunData, c: str) -> None:
+    ax.plot(*series(run, "reward/natural_mean"), color=c, label=f"{run.label} natural")
+    xs, ys = series(run, "reward/privileged_mean")
+    if xs:
+        ax.plot(xs, ys, color=c, linestyle="--", label=f"{run.label} privileged")
 
+
+def _delta_r(ax: Any, run: RunData, c: str) -> None:
+    xs, ys = series(run, "guidance/delta_r")
+    if xs:
+        ax.plot(xs, ys, color=c, marker=".", label=run.label)
+
+
+def _retention(ax: Any, run: RunData, c: str) -> None:
+    xs, ys = series(run, "guidance/privileged_rollouts")
+    if xs and any(ys):
+        ax.plot(xs, ys, color=c, linestyle="--", label=f"{run.label} privileged rollouts (total)")
+    xs, ys = series(run, "guidance/retained")
+    if xs:
+        ax.plot(xs, ys, color=c, marker=".", label=f"{run.label} retained (A_ref > 0)")
+
+
+def _entropy(ax: Any, run: RunData, c: str) -> None:
+    xs, ys = series(run, "policy/entropy")
+    if xs:
+        ax.plot(xs, ys, color=c, label=run.label)
+
+
+# The per-step figures: (file, title, y label, how one run is drawn).
+STEP_FIGURES = (
+    ("rewards.png", "Mean rubric reward: natural (solid) vs privileged (dashed)", "mean reward (eq. 3)", _rewards),
+    ("delta_r.png", "Delta_r = mean r_priv - mean r_nat (eq. 13)", "Delta_r (reward)", _delta_r),
+    ("entropy.png", "Policy entropy (sampled-token estimate)", "entropy (nats / token)", _entropy),
+    ("retention.png", "Guided trajectories per step: retained (eq. 8) of all privileged rollouts", "responses per step",
+     _retention),
+)
+
+
+def _eval_figure(plt: Any, runs: Sequence[RunData], colors: Sequence[str]) -> Any:
+    """Guidance-free evaluation: reward, persistent coverage and negative rate (in %) per evaluation step."""
     fig, axes = plt.subplots(1, 3, figsize=(12, 4.2))
     panels = (("reward_mean", "eval reward", "mean reward (eq. 3)", 1.0),
               ("persistent_coverage", "persistent coverage", "coverage (%)", 100.0),
@@ -112,9 +123,8 @@ def build_figures(runs: Sequence[RunData]) -> dict[str, Any]:
     for ax, (_, title, ylabel, _) in zip(axes, panels):
         ax.set_title(f"guidance-free {title}", fontsize=9)
         ax.set_ylabel(ylabel)
-    finish(fig, list(axes))
-    figures["eval.png"] = fig
-    return figures
+    _finish(fig, list(axes), runs, colors)
+    return fig
 
 
 def _pick(evals: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
