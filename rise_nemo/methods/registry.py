@@ -196,6 +196,7 @@ class Method:
     summary: str
     defaults: Mapping[str, Any] = field(default_factory=dict)
     kind: ClassVar[StepKind | None] = None
+    takes_no_scorer: ClassVar[str] = ""  # why a ``reward.scorer`` cannot replace what scores it
 
     @property
     def data(self) -> Literal["rubric_prompts", "problems"]:
@@ -225,12 +226,9 @@ class Method:
     def check_recipe(self, recipe: Mapping[str, Any]) -> None:
         """Refuses (``MethodRecipeError`` naming the key) a recipe pairing this method with data or a piece of
         another step kind, or with one it cannot run with."""
-        scorer = _recipe_get(recipe, "reward.scorer")
-        if scorer is not None and self.kind is not REASONING:
-            assert self.kind is not None
-            raise MethodRecipeError("reward.scorer", f"method {self.name!r} runs the {self.kind.name} step, which "
-                                    f"{'scores with its rubric judge' if self.kind is RUBRIC else 'samples and scores nothing'}"
-                                    "; remove the key (a scorer replaces a reasoning method's own)")
+        if _recipe_get(recipe, "reward.scorer") is not None:
+            raise MethodRecipeError("reward.scorer", f"method {self.name!r} {self.takes_no_scorer}; remove the key (a "
+                                    "scorer replaces a reasoning method's own)")
 
 
 @dataclass(frozen=True)
@@ -242,6 +240,7 @@ class RubricMethod(Method):
     ruscarl: bool = False  # natural rollouts sampled under RuscaRL scaffolds, trained under the original prompt
     token_weighting: Literal["policy_support", "uniform"] = "policy_support"  # guide-loss token weights (eqs. 9-10)
     kind: ClassVar[StepKind | None] = RUBRIC
+    takes_no_scorer: ClassVar[str] = "runs the rubric step, which scores with its rubric judge"
 
     @property
     def guided_rows(self) -> bool:
@@ -294,6 +293,7 @@ class SFTMethod(Method):
     """Supervised fine-tuning on the reference solutions (the SFT step: nothing sampled, nothing scored)."""
 
     kind: ClassVar[StepKind | None] = SFT
+    takes_no_scorer: ClassVar[str] = "runs the sft step, which samples and scores nothing"
 
 
 @dataclass(frozen=True)
@@ -302,6 +302,7 @@ class ExternalMethod(Method):
 
     elsewhere: str = ""
     trains_on: Literal["rubric_prompts", "problems"] = "rubric_prompts"
+    takes_no_scorer: ClassVar[str] = "runs elsewhere and takes no scorer"
 
     @property
     def data(self) -> Literal["rubric_prompts", "problems"]:
@@ -309,11 +310,6 @@ class ExternalMethod(Method):
 
     def training_step(self) -> TrainingStep:
         raise ValueError(f"config key 'method': {self.elsewhere}")
-
-    def check_recipe(self, recipe: Mapping[str, Any]) -> None:
-        if _recipe_get(recipe, "reward.scorer") is not None:
-            raise MethodRecipeError("reward.scorer", f"method {self.name!r} runs elsewhere and takes no scorer; "
-                                    "remove the key")
 
 
 METHODS: dict[str, Method] = {}  # filled by the modules of this package (and by register_method)
