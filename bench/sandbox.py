@@ -1,8 +1,18 @@
 """Code sandbox bench: containment of the attacks, real APPS solutions, and the sandbox's time overhead.
 
 1. Every attack of rise_nemo.judges.sandbox_attacks (fork bomb, rm -rf of home and run dir, reading the API
-   key / ~/.ssh / the run dir, sockets, 50 GB, 1 GB of output, daemons, ...) graded by CodeVerifier against
-   temporary bait; contained = reward 0 with a reason, bait unchanged, no process left, grading still works.
+   key / ~/.ssh / the run dir, sockets, 50 GB, 1 GB of output, daemons, a multi-process memory bomb, a
+   thread bomb, a double-forked pid-hopping daemon, ptrace of PID 1, /dev/shm and shared memory, filling
+   /tmp, ...) graded by CodeVerifier against temporary bait; contained = reward 0 with a reason, bait
+   unchanged, no process left, grading still works.
+1b. Aggregate memory: the multi-process memory bomb (children of 60% of memory_mb each, about twice the
+   execution's cap together) ``--memory-trials`` times with the sandbox's containment (a cgroup per
+   execution where usable), alternating with the same bomb under the per-process rlimits only; per trial
+   the host's drop (MemAvailable sampled every 2 ms, its largest drop below the value at the start: other
+   tenants' allocations count too) and, with cgroups, the kernel's peak of what the executions held.
+   aggregate_memory_capped=1 when every contained trial was killed as a whole (outcome memory) with the
+   kernel's peak within the cap; host_drop_ratio = the median over trials of drop / cap (target <= 1.1;
+   the largest is printed too); rlimit_only_drop_ratio the same without a cgroup, for comparison.
 2. The first human solution of each of the 5 shipped APPS problems (rise_nemo/data/samples,
    apps_solutions_5.jsonl) graded with the APPS preamble: how many pass.
 3. Overhead: the same (program, stdin) executions (those of step 2, every test, ``--rounds`` times) run as
@@ -10,13 +20,18 @@
    the same rlimits, each on ``--workers`` threads; ratio = sandboxed wall time / bare wall time. The two
    modes alternate round by round so that load from other processes hits both alike.
 
-Last line: RESULT containment=<contained/attacks> attacks=<n> overhead_ratio=<x> real_solutions_pass=<k>/5
-Targets: containment=1 with attacks >= 14, real_solutions_pass=5/5, overhead_ratio <= 1.5.
+Last line: RESULT containment=<contained/attacks> attacks=<n> aggregate_memory_capped=<0|1> host_drop_ratio=<x>
+overhead_ratio=<x> real_solutions_pass=<k>/5 host_drop_ratio_max=<x> cgroup_peak_ratio=<x>
+rlimit_only_drop_ratio=<x> containment_mode=<cgroup-v1|cgroup-v2|rlimits>
+Targets: containment=1 with attacks >= 20, aggregate_memory_capped=1, host_drop_ratio <= 1.1,
+real_solutions_pass=5/5, overhead_ratio <= 1.5.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +42,57 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rise_nemo.data.reasoning import load_reasoning_problems  # noqa: E402
 from rise_nemo.data.samples import apps_solutions_path  # noqa: E402
 from rise_nemo.judges.code_verifier import CodeVerifier, parse_tests  # noqa: E402
-from rise_nemo.judges.sandbox import BubblewrapSandbox, SandboxLimits, SandboxPool, bare_python  # noqa: E402
-from rise_nemo.judges.sandbox_attacks import ATTACKS, HostBait, run_attack  # noqa: E402
+from rise_nemo.judges.sandbox import (  # noqa: E402
+    BubblewrapSandbox,
+    HostMemoryBudget,
+    SandboxLimits,
+    SandboxPool,
+    bare_python,
+)
+from rise_nemo.judges.sandbox_attacks import ATTACKS, AttackReport, HostBait, attack_sizes, run_attack  # noqa: E402
+
+_MIB = 1 << 20
+
+
+def _mem_available() -> int:
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _print_attack(report: AttackReport) -> None:
+    print(f"attack {report.name:24s} {'contained' if report.contained else 'ESCAPED'}  reward={report.reward:g} "
+          f"outcome={report.outcome} reason={report.reason!r}"
+          + (f" damage={list(report.damage)}" if report.damage else "")
+          + (f" leftover={list(report.leftover)}" if report.leftover else ""), flush=True)
+
+
+def aggregate_memory(verifier: CodeVerifier, rlimit_verifier: CodeVerifier | None, trials: int,
+                     bait: HostBait) -> dict[str, object]:
+    """The memory bomb ``trials`` times under the sandbox's containment, alternating with the same bomb under
+    the per-process rlimits only (when given); the host's drop and the cgroup's peak per trial."""
+    bomb = next(a for a in ATTACKS if a.name == "multiprocess_memory_bomb")
+    cap = verifier.sandbox.limits.execution_memory_bytes
+    contained, drops, peaks, rlimit_drops = [], [], [], []
+    for trial in range(trials):
+        rep = run_attack(verifier, bomb, bait)
+        contained.append(rep.contained and rep.outcome == "memory"
+                         and rep.cgroup_peak_bytes is not None and rep.cgroup_peak_bytes <= cap)
+        drops.append(rep.host_drop_bytes / cap)
+        peaks.append((rep.cgroup_peak_bytes or 0) / cap)
+        line = (f"memory bomb trial {trial + 1}/{trials}: {rep.outcome} host drop {rep.host_drop_bytes / _MIB:.0f} MiB "
+                f"= {drops[-1]:.3f} x cap, cgroup peak "
+                + (f"{rep.cgroup_peak_bytes / _MIB:.0f} MiB = {peaks[-1]:.3f} x cap" if rep.cgroup_peak_bytes
+                   is not None else "n/a (no cgroup)"))
+        if rlimit_verifier is not None:
+            rl = run_attack(rlimit_verifier, bomb, bait)
+            rlimit_drops.append(rl.host_drop_bytes / cap)
+            line += (f"; rlimits only: {rl.outcome}, {'contained' if rl.contained else 'ESCAPED'}, host drop "
+                     f"{rl.host_drop_bytes / _MIB:.0f} MiB = {rlimit_drops[-1]:.3f} x cap")
+        print(line, flush=True)
+    return {"capped": int(all(contained)), "drop": statistics.median(drops), "drop_max": max(drops),
+            "peak": max(peaks), "rlimit_drop": statistics.median(rlimit_drops) if rlimit_drops else float("nan")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,23 +100,36 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=2, help="parallel executions in both modes")
     ap.add_argument("--rounds", type=int, default=4, help="passes over the real solutions' tests per mode")
     ap.add_argument("--per-test-seconds", type=float, default=2.0, help="attack wall limit per execution")
+    ap.add_argument("--memory-trials", type=int, default=5, help="memory bomb trials per containment")
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the sandbox's containment line
 
     limits = SandboxLimits(memory_mb=512, processes=32, tmp_mb=32, stdout_bytes=1 << 20)
     sandbox = BubblewrapSandbox(limits)
     sandbox.check()
+    mode = f"cgroup-v{sandbox.cgroups.version}" if sandbox.cgroups else "rlimits"
     verifier = CodeVerifier(per_test_seconds=args.per_test_seconds, total_seconds=4 * args.per_test_seconds,
                             workers=args.workers, sandbox=sandbox)
+    # the comparison: the same sandbox with the per-process rlimits only (its host budget is its own)
+    sizes = attack_sizes(limits)
+    bomb_bytes = sizes["bomb_children"] * sizes["bomb_mb"] * _MIB
+    rlimit_verifier = None
+    if _mem_available() > 4 * bomb_bytes:  # the uncapped bomb really allocates this much
+        rlimit_box = BubblewrapSandbox(limits, containment=HostMemoryBudget(reason="per-process rlimits only"))
+        rlimit_verifier = CodeVerifier(per_test_seconds=args.per_test_seconds, workers=1, sandbox=rlimit_box)
+    else:
+        print(f"rlimit-only comparison left out: {_mem_available() / _MIB:.0f} MiB available, the uncapped "
+              f"bomb would take {bomb_bytes / _MIB:.0f}", flush=True)
 
     contained = 0
     with HostBait() as bait:
         for attack in ATTACKS:
             report = run_attack(verifier, attack, bait)
             contained += report.contained
-            print(f"attack {attack.name:18s} {'contained' if report.contained else 'ESCAPED'}  reward={report.reward:g} "
-                  f"outcome={report.outcome} reason={report.reason!r}"
-                  + (f" damage={list(report.damage)}" if report.damage else "")
-                  + (f" leftover={list(report.leftover)}" if report.leftover else ""), flush=True)
+            _print_attack(report)
+        memory = aggregate_memory(verifier, rlimit_verifier, args.memory_trials, bait)
+    if rlimit_verifier is not None:
+        rlimit_verifier.close()
 
     problems = load_reasoning_problems(apps_solutions_path(), "apps").problems
     specs = [parse_tests(p.answer) for p in problems]
@@ -85,8 +162,12 @@ def main(argv: list[str] | None = None) -> None:
     ratio = times["sandboxed"] / times["bare"]
     print(f"per execution: sandboxed {times['sandboxed'] / (len(jobs) * args.rounds) * 1000:.1f} ms, "
           f"bare {times['bare'] / (len(jobs) * args.rounds) * 1000:.1f} ms (wall over {args.workers} workers)")
-    print(f"RESULT containment={contained / len(ATTACKS):g} attacks={len(ATTACKS)} overhead_ratio={ratio:.3f} "
-          f"real_solutions_pass={real_pass}/{len(problems)}")
+    print(f"RESULT containment={contained / len(ATTACKS):g} attacks={len(ATTACKS)} "
+          f"aggregate_memory_capped={memory['capped'] if sandbox.cgroups else 0} "
+          f"host_drop_ratio={memory['drop']:.3f} overhead_ratio={ratio:.3f} "
+          f"real_solutions_pass={real_pass}/{len(problems)} host_drop_ratio_max={memory['drop_max']:.3f} "
+          f"cgroup_peak_ratio={memory['peak']:.3f} rlimit_only_drop_ratio={memory['rlimit_drop']:.3f} "
+          f"containment_mode={mode}")
 
 
 if __name__ == "__main__":
