@@ -294,12 +294,15 @@ class CodeVerifier(CodeReward):
         self.per_test_seconds = float(per_test_seconds)
         self.total_seconds = float(total_seconds)
         self.preamble = APPS_PREAMBLE if preamble else ""
+        self._own_sandbox = sandbox is None
         self.sandbox = sandbox or BubblewrapSandbox(limits or SandboxLimits(memory_mb=1024))
         self.sandbox.check()
         self.pool = SandboxPool(self.sandbox, workers=workers or min(32, os.cpu_count() or 1))
 
     def close(self) -> None:
         self.pool.close()
+        if self._own_sandbox:  # its launches prepared for next executions, with their cgroups
+            self.sandbox.close()
 
     def programs(self, code: str, tests: CodeTests) -> list[tuple[str, str]]:
         """(program, stdin) per test: the stdin program itself, or the call harness with JSON arguments."""

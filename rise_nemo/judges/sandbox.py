@@ -45,7 +45,6 @@ import json
 import logging
 import os
 import platform
-import resource
 import selectors
 import shutil
 import signal
@@ -54,6 +53,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -62,6 +62,7 @@ from typing import Any
 
 from rise_nemo.errors import UserError
 from rise_nemo.judges.sandbox_cgroups import CGROUP_ENV, ExecutionCgroup, ExecutionCgroups, discover
+from rise_nemo.judges.sandbox_launch import ChildProcess, PreparedLaunch, limit_then_drop
 
 __all__ = ["ExecResult", "SandboxLimits", "BubblewrapSandbox", "SandboxPool", "SandboxUnavailable", "bwrap_path",
            "HostMemoryBudget", "default_containment", "FALLBACK_HOST_FRACTION"]
@@ -270,6 +271,9 @@ class BubblewrapSandbox:
         self._ro_paths = _system_mounts(self.python)
         self._seccomp = _seccomp_filter()
         self._checked = False
+        self._prepared: dict[tuple[int, int], PreparedLaunch] = {}  # (slot, thread): the next execution's, forked
+        self._prepared_lock = threading.Lock()
+        weakref.finalize(self, _discard_all, self._prepared, self._prepared_lock)  # at collection or exit
 
     @property
     def cgroups(self) -> ExecutionCgroups | None:
@@ -304,36 +308,26 @@ class BubblewrapSandbox:
                    slot: int = 0) -> ExecResult:
         """Run ``code`` as ``python -I /tmp/main.py`` in a new sandbox, ``stdin`` on its standard input."""
         limits = limits or self.limits
-        cgroup = None
-        if self.cgroups is not None:
-            cgroup = self.cgroups.create(limits.execution_memory_bytes, limits.processes)
-        else:
+        if self.cgroups is None:
             limits = self.containment.bound(limits)
-        program = _RLIMIT_PROLOGUE.format(n=limits.processes) + code
-        fds = []  # the program, the seccomp filter (bubblewrap reads both), bubblewrap's --info-fd
-        info_read, info_write = os.pipe2(os.O_CLOEXEC)
-        open_write = [info_write]
+        launch = self._take_prepared(slot, limits) or self._prepare(slot, limits)
+        cgroup = launch.cgroup
+        program = (_RLIMIT_PROLOGUE.format(n=limits.processes) + code).encode("utf-8", errors="surrogatepass")
+
+        def spawn() -> ChildProcess:
+            launch.release(program, int(limits.cpu_seconds), limits.memory_mb * _MIB, limits.file_size_mb * _MIB)
+            return launch.process
+
+        def prepare_next() -> None:  # the next execution on this slot joins its cgroup while this one runs
+            if self.cgroups is not None:
+                self._keep_prepared(slot, self._prepare(slot, limits))
+
         try:
-            fds.append(_memfd("rise-nemo-program", program.encode("utf-8", errors="surrogatepass")))
-            argv = self.argv(limits) + ["--info-fd", str(info_write), "--file", str(fds[0]), "/tmp/main.py"]
-            if self._seccomp is not None:
-                fds.append(_memfd("rise-nemo-seccomp", self._seccomp))
-                argv += ["--seccomp", str(fds[1])]
-            argv += ["--", self.python, "-I", "/tmp/main.py"]
-
-            def started() -> None:  # bwrap holds its copy; never close a descriptor number twice (threads)
-                os.close(open_write.pop())
-
-            res = execute(argv, stdin, limits, preexec=self._preexec(limits, slot, cgroup),
-                          pass_fds=(*fds, info_write), started=started,
-                          stop=lambda proc: _stop_sandbox(proc, info_read),
+            res = execute([], stdin, limits, spawn=spawn, started=prepare_next,
+                          stop=lambda proc: _stop_sandbox(proc, launch.info_read),
                           watch=cgroup.limit_hit if cgroup is not None else None)
         finally:
-            for fd in fds:
-                os.close(fd)
-            os.close(info_read)
-            if open_write:
-                os.close(open_write.pop())
+            launch.close_fds()
             if cgroup is not None:
                 cgroup.kill()  # whatever outlived bubblewrap's PID 1 (nothing should)
                 hit, peak = cgroup.limit_hit(), cgroup.peak_bytes()
@@ -342,9 +336,65 @@ class BubblewrapSandbox:
             return res
         return _with_cgroup(res, cgroup, hit, peak)
 
-    def _preexec(self, limits: SandboxLimits, slot: int, cgroup: ExecutionCgroup | None) -> Callable[[], None]:
-        drop_to = self.uid_base + slot if os.geteuid() == 0 else None
-        return _rlimits_then(limits, drop_to, cgroup.join if cgroup is not None else None)
+    # ---- launches prepared ahead (rise_nemo.judges.sandbox_launch) -----------------------------------------
+    def _prepare(self, slot: int, limits: SandboxLimits) -> PreparedLaunch:
+        cgroup = None
+        if self.cgroups is not None:
+            cgroup = self.cgroups.create(limits.execution_memory_bytes, limits.processes)
+        try:
+            return PreparedLaunch(self.argv(limits), [self.python, "-I", "/tmp/main.py"], self._seccomp, cgroup,
+                                  self.uid_base + slot if os.geteuid() == 0 else None, dict(_CLEAN_ENV),
+                                  _launch_key(limits))
+        except BaseException:
+            if cgroup is not None:
+                cgroup.remove()
+            raise
+
+    # A launch is kept for the slot and the thread that forked it, and only that thread runs it: bubblewrap's
+    # --die-with-parent follows the thread that forked it (prctl PR_SET_PDEATHSIG), so a launch handed to
+    # another thread would die with its first thread (a closed pool's worker) in the middle of an execution.
+    def _take_prepared(self, slot: int, limits: SandboxLimits) -> PreparedLaunch | None:
+        with self._prepared_lock:
+            launch = self._prepared.pop((slot, threading.get_ident()), None)
+        if launch is not None and launch.key != _launch_key(limits):
+            _discard(launch)
+            launch = None
+        return launch
+
+    def _keep_prepared(self, slot: int, launch: PreparedLaunch) -> None:
+        with self._prepared_lock:
+            launch, self._prepared[(slot, threading.get_ident())] = (
+                self._prepared.get((slot, threading.get_ident())), launch)
+        if launch is not None:  # cannot happen (one thread, one execution at a time); never leak one
+            _discard(launch)
+
+    def discard_prepared(self, threads: Iterable[int] | None = None) -> None:
+        """Reap the launches prepared for next executions (and remove their cgroups), of ``threads`` (their
+        ``threading.get_ident()``; default all): when a pool closes, at close and at exit."""
+        _discard_all(self._prepared, self._prepared_lock, None if threads is None else set(threads))
+
+    def close(self) -> None:
+        self.discard_prepared()
+
+
+def _launch_key(limits: SandboxLimits) -> tuple:
+    """What a prepared launch fixed: the argv (/tmp size) and the cgroup's caps."""
+    return limits.tmp_mb, limits.execution_memory_bytes, limits.processes
+
+
+def _discard(launch: PreparedLaunch) -> None:
+    launch.discard()
+    if launch.cgroup is not None:
+        launch.cgroup.remove()
+
+
+def _discard_all(prepared: dict[tuple[int, int], PreparedLaunch], lock: threading.Lock,
+                 threads: set[int] | None = None) -> None:
+    with lock:
+        keys = [k for k in prepared if threads is None or k[1] in threads]
+        launches = [prepared.pop(k) for k in keys]
+    for launch in launches:
+        _discard(launch)
 
 
 def _with_cgroup(res: ExecResult, cgroup: ExecutionCgroup, hit: str | None, peak: int | None) -> ExecResult:
@@ -361,17 +411,6 @@ def _with_cgroup(res: ExecResult, cgroup: ExecutionCgroup, hit: str | None, peak
                f"whole execution killed")
     return replace(res, returncode=None, signal_name=None, limit=hit, limit_reason=why, peak_memory_bytes=peak,
                    cgroup=name)
-
-
-def _memfd(name: str, data: bytes) -> int:
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
-    try:
-        os.write(fd, data)
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 # seccomp: the program may not trace or read/write another process (bubblewrap's PID 1 is its only other
@@ -422,26 +461,14 @@ def bare_python(code: str, stdin: bytes | str = b"", limits: SandboxLimits | Non
                    preexec=_rlimits_then(limits, None))
 
 
-def _rlimits_then(limits: SandboxLimits, drop_to_uid: int | None,
-                  join: Callable[[], None] | None = None) -> Callable[[], None]:
+def _rlimits_then(limits: SandboxLimits, drop_to_uid: int | None) -> Callable[[], None]:
+    """The sandbox's rlimits for a plain subprocess (the bare baseline; sandboxed executions set the same in
+    their prepared launch)."""
     cpu, mem, fsize = int(limits.cpu_seconds), limits.memory_mb * _MIB, limits.file_size_mb * _MIB
-
-    def preexec() -> None:  # runs in the child between fork and exec: no allocation-heavy work
-        if join is not None:  # into its cgroup first, while it may still write there (root)
-            join()
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if drop_to_uid is not None:
-            os.setgroups([])
-            os.setgid(drop_to_uid)
-            os.setuid(drop_to_uid)
-
-    return preexec
+    return lambda: limit_then_drop(cpu, mem, fsize, drop_to_uid)
 
 
-def _stop_sandbox(proc: subprocess.Popen, info_fd: int) -> None:
+def _stop_sandbox(proc: Any, info_fd: int) -> None:
     """Kill a sandbox that is still running, innermost first: bubblewrap's PID 1 (host pid from --info-fd),
     whose death makes the kernel kill every process of the PID namespace before bubblewrap outside reaps it
     and exits. Killing the outer bubblewrap first would leave that teardown racing the caller (and an
@@ -465,8 +492,9 @@ def _stop_sandbox(proc: subprocess.Popen, info_fd: int) -> None:
 
 def execute(argv: list[str], stdin: bytes | str, limits: SandboxLimits, preexec: Callable[[], None] | None = None,
             pass_fds: tuple[int, ...] = (), started: Callable[[], None] | None = None,
-            stop: Callable[[subprocess.Popen], None] | None = None,
-            watch: Callable[[], str | None] | None = None) -> ExecResult:
+            stop: Callable[[Any], None] | None = None,
+            watch: Callable[[], str | None] | None = None,
+            spawn: Callable[[], ChildProcess] | None = None) -> ExecResult:
     """Run ``argv`` in its own process group with capped output and a wall-clock deadline; the whole group
     is SIGKILLed at the deadline, when the output cap is passed, and in any case before returning.
 
@@ -474,13 +502,17 @@ def execute(argv: list[str], stdin: bytes | str, limits: SandboxLimits, preexec:
     inside the sandbox keeps the environment it was started with.
     ``started`` runs once the process exists; ``stop(proc)`` runs before the group kill when it is still
     running (bubblewrap's orderly teardown); ``watch()`` is polled every ``_WATCH_SECONDS`` while it runs and
-    ends it when it answers (its cgroup's cap was hit: the caller reads which)."""
+    ends it when it answers (its cgroup's cap was hit: the caller reads which). ``spawn()``, when given,
+    starts the process instead (a prepared launch; ``argv``, ``preexec`` and ``pass_fds`` are then unused)."""
     data = stdin.encode() if isinstance(stdin, str) else bytes(stdin)
     start = time.monotonic()
     deadline = start + limits.wall_seconds
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, preexec_fn=preexec, pass_fds=pass_fds, close_fds=True,
-                            env=dict(_CLEAN_ENV), cwd="/")
+    if spawn is not None:
+        proc: Any = spawn()
+    else:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, preexec_fn=preexec, pass_fds=pass_fds, close_fds=True,
+                                env=dict(_CLEAN_ENV), cwd="/")
     if started is not None:
         started()
     caps = {proc.stdout: limits.stdout_bytes, proc.stderr: limits.stderr_bytes}
@@ -568,7 +600,7 @@ def _feed(pipe: Any, data: bytes) -> None:
             pass
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: Any) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -622,9 +654,14 @@ class SandboxPool:
         self.max_pending = max_pending or 2 * workers
         self._room = threading.BoundedSemaphore(self.max_pending)
         self._local = threading.local()
+        self._threads: set[int] = set()
         slots = itertools.count()
-        self._executor = ThreadPoolExecutor(
-            workers, thread_name_prefix="sandbox", initializer=lambda: setattr(self._local, "slot", next(slots)))
+
+        def start_worker() -> None:
+            self._local.slot = next(slots)
+            self._threads.add(threading.get_ident())
+
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="sandbox", initializer=start_worker)
 
     def submit_task(self, task: Callable[[BubblewrapSandbox, int], Any]) -> Future:
         """Run ``task(sandbox, slot)`` on a worker (a task may run several executions on its slot, in order)."""
@@ -647,6 +684,7 @@ class SandboxPool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+        self.sandbox.discard_prepared(self._threads)  # its workers' launches would never be used
         if self._budget is not None:
             self._budget.unregister(self.workers)
             self._budget = None

@@ -14,9 +14,9 @@ duration, and resource attacks (fork bomb, 50 GB, 1 GB of output) are stopped by
 The memory attacks are finite: the multi-process bomb touches a fixed amount (about twice the execution's
 memory cap, ``attack_sizes``), so even where nothing caps it (no cgroup) it cannot exhaust the host.
 
-``run_attack`` also watches the host's memory while the attack runs (``MemoryProbe``: MemAvailable sampled
-every few milliseconds, and the cgroup's own count of what this process's executions held at most), so the
-bench can compare the host's drop with the execution's cap.
+``run_attack`` also watches memory while the attack runs (``MemoryProbe``: the cgroup's own count of what
+this process's executions held at most, and on request the host's MemAvailable sampled every millisecond),
+so the bench can compare the host's drop with the execution's cap.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import os
 import secrets
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -395,28 +397,56 @@ def attack_sizes(limits: Any) -> dict[str, int]:
             "tmp_mb": limits.tmp_mb}
 
 
-def _mem_available() -> int:
+# The host sampler runs as its own small process at a raised priority where allowed (root): a thread of
+# this process, at the bench's nice 10 on a loaded machine, was scheduled too rarely to see a bomb that is
+# killed within ~0.1 s of reaching its cap. It follows two figures, because MemAvailable alone misses
+# allocations right after a large free here (a 1 GiB allocation held 0.3 s, run three times in a row on
+# this VM: MemAvailable fell by 1057, 36 and 627 MiB while AnonPages rose by 1132, 976 and 993 MiB):
+# the fall of MemAvailable and the rise of the memory processes hold (AnonPages, Shmem, PageTables,
+# KernelStack).
+_HOST_SAMPLER = """
+import os, select, sys
+try:
+    os.setpriority(os.PRIO_PROCESS, 0, -5)
+except OSError:
+    pass
+HELD = (b"AnonPages:", b"Shmem:", b"PageTables:", b"KernelStack:")
+def sample():
+    available = held = 0
     with open("/proc/meminfo", "rb") as f:
         for line in f:
             if line.startswith(b"MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
+                available = int(line.split()[1]) * 1024
+            elif line.startswith(HELD):
+                held += int(line.split()[1]) * 1024
+    return available, held
+base_available, base_held = lowest, highest = sample()
+print(base_available, base_held, flush=True)
+while not select.select([sys.stdin], [], [], 0.001)[0]:
+    available, held = sample()
+    lowest, highest = min(lowest, available), max(highest, held)
+print(base_available - lowest, highest - base_held, flush=True)
+"""
 
 
 class MemoryProbe:
-    """What the host's memory did while a block ran: MemAvailable sampled every ``interval`` seconds on a
-    thread (its largest drop below the value at entry: everything on the host counts, other tenants too),
-    and, with per-execution cgroups, the most this process's executions held at once: ``cgroup_peak``, the
+    """What memory did while a block ran.
+
+    ``host=True``: the host's /proc/meminfo sampled every millisecond by a separate process:
+    ``available_drop_bytes``, the largest fall of MemAvailable below its value at entry, ``held_rise_bytes``,
+    the largest rise of what processes hold (AnonPages + Shmem + PageTables + KernelStack), and
+    ``host_drop_bytes``, the larger of the two (everything on the host counts, other tenants too).
+    With per-execution cgroups, the most this process's executions held at once: ``cgroup_peak``, the
     growth of their common parent's charge above its value at entry (the kernel's own peak where it can be
     reset, v1 and v2 from Linux 6.12, else the largest sample; it includes what the kernel has yet to free
-    of executions that already ended), and ``live_peak``, the largest sampled sum over the executions'
-    own cgroups that exist at that moment."""
+    of executions that already ended), and ``live_peak``, the largest sum, sampled every ``interval``
+    seconds, over the cgroups of the executions running at that moment."""
 
-    def __init__(self, cgroups: Any = None, interval: float = 0.002):
+    def __init__(self, cgroups: Any = None, host: bool = False, interval: float = 0.002):
         self.cgroups = cgroups
+        self.host = host
         self.interval = interval
-        self.baseline = 0
-        self.lowest = 0
+        self.available_drop_bytes = self.held_rise_bytes = 0
         self.cgroup_peak: int | None = None
         self.cgroup_peak_exact = False  # the kernel's count (else the largest sample)
         self.live_peak = 0
@@ -424,31 +454,36 @@ class MemoryProbe:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._peak_reader: Any = None
+        self._sampler: subprocess.Popen | None = None
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self.lowest = min(self.lowest, _mem_available())
-            if self.cgroups is not None:
-                self._sampled_peak = max(self._sampled_peak, self.cgroups.memory_bytes())
-                self.live_peak = max(self.live_peak, self.cgroups.live_memory_bytes())
+            self._sampled_peak = max(self._sampled_peak, self.cgroups.memory_bytes())
+            self.live_peak = max(self.live_peak, self.cgroups.live_memory_bytes())
             time.sleep(self.interval)
 
     @property
     def host_drop_bytes(self) -> int:
-        return max(0, self.baseline - self.lowest)
+        return max(0, self.available_drop_bytes, self.held_rise_bytes)
 
     def __enter__(self) -> MemoryProbe:
+        if self.host:
+            self._sampler = subprocess.Popen([sys.executable, "-I", "-c", _HOST_SAMPLER], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, text=True)
+            self._sampler.stdout.readline()  # it has its baseline
         if self.cgroups is not None:
             self._peak_reader = self.cgroups.reset_peak()
             self._cgroup_at_entry = self._sampled_peak = self.cgroups.memory_bytes()
-        self.baseline = self.lowest = _mem_available()
-        self._thread.start()
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        if self._sampler is not None:
+            out, _ = self._sampler.communicate(timeout=60)  # closing its stdin ends it
+            self.available_drop_bytes, self.held_rise_bytes = map(int, out.split()[-2:])
         if self.cgroups is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
             exact = self._peak_reader() if self._peak_reader is not None else None
             self.cgroup_peak_exact = exact is not None
             peak = exact if exact is not None else self._sampled_peak
@@ -466,19 +501,22 @@ class AttackReport:
     leftover: tuple[int, ...]
     trainer_ok: bool
     cap_bytes: int = 0  # the execution's memory cap
-    host_drop_bytes: int = 0  # the largest drop of the host's MemAvailable while it ran
+    host_drop_bytes: int = 0  # the host's largest drop while it ran (with watch_host; MemoryProbe)
+    available_drop_bytes: int = 0  # of it: MemAvailable's fall
+    held_rise_bytes: int = 0  # of it: the rise of what processes hold
     cgroup_peak_bytes: int | None = None  # the most its cgroup held (None without cgroups)
 
 
-def run_attack(verifier: Any, attack: Attack, bait: HostBait) -> AttackReport:
-    """Grade one attack with ``verifier`` (a CodeVerifier) against ``bait``; contained or not, and why."""
+def run_attack(verifier: Any, attack: Attack, bait: HostBait, watch_host: bool = False) -> AttackReport:
+    """Grade one attack with ``verifier`` (a CodeVerifier) against ``bait``; contained or not, and why.
+    ``watch_host``: also sample the host's MemAvailable while it runs (``MemoryProbe``)."""
     from rise_nemo.judges.code_verifier import CodeTests
     from rise_nemo.judges.sandbox import SandboxLimits
 
     sandbox = getattr(verifier, "sandbox", None)
     limits = sandbox.limits if sandbox is not None else SandboxLimits()
     code = attack.code.format(**bait.fields(), **attack_sizes(limits))
-    with MemoryProbe(getattr(sandbox, "cgroups", None)) as probe:
+    with MemoryProbe(getattr(sandbox, "cgroups", None), host=watch_host) as probe:
         [result] = verifier.grade([f"```python\n{code}\n```"], [CodeTests([""], [bait.proof])])
     damage = tuple(bait.damage())
     leftover = tuple(leftover_processes(bait.token))
@@ -492,4 +530,5 @@ def run_attack(verifier: Any, attack: Attack, bait: HostBait) -> AttackReport:
     contained = (result.reward == 0.0 and result.outcome != "passed" and bool(result.reason) and not damage
                  and not leftover and trainer_ok)
     return AttackReport(attack.name, contained, result.reward, result.outcome, result.reason, damage, leftover,
-                        trainer_ok, limits.execution_memory_bytes, probe.host_drop_bytes, probe.cgroup_peak)
+                        trainer_ok, limits.execution_memory_bytes, probe.host_drop_bytes, probe.available_drop_bytes,
+                        probe.held_rise_bytes, probe.cgroup_peak)

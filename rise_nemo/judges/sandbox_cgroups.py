@@ -159,6 +159,11 @@ class ExecutionCgroup:
             self.remove()
             raise
 
+    @property
+    def fds(self) -> tuple[int, ...]:
+        """The open ``cgroup.procs`` files that ``join`` writes to (a forked child keeps them until then)."""
+        return tuple(self._fds)
+
     def join(self) -> None:
         """Move the calling process into this cgroup. Runs in the child between fork and exec: no allocation."""
         for fd in self._fds:
@@ -326,9 +331,11 @@ class ExecutionCgroups:
         return found
 
     def close(self) -> None:
-        """Remove this process's directories (at exit; executions remove their own as they end)."""
+        """Remove this process's directories at exit, with whatever is still in them (executions remove their
+        own as they end; a launch prepared for an execution that never came holds one)."""
         self._retry_stale()
-        self.remove_dirs([p for p in self.parents if p.exists()], timeout=1.0)
+        tree = [d for parent in self.parents if parent.exists() for d in parent.glob("exec-*")]
+        self.remove_dirs(tree + [p for p in self.parents if p.exists()], timeout=1.0)
 
     # ---- the aggregate over all executions of this process (bench and tests) ------------------------------
     def memory_bytes(self) -> int:

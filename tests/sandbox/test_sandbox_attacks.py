@@ -35,6 +35,10 @@ WITH_CGROUPS = {"fork_bomb": {"processes"}, "thread_bomb": {"processes"}}
 # test_execution_cgroups.py)
 NEEDS_CGROUPS = {"multiprocess_memory_bomb"}
 MEMORY_ATTACKS = {"multiprocess_memory_bomb", "dev_shm_fill", "fill_private_tmp"}
+# What this process's cgroups may hold beyond the executions' caps: the kernel charges in per-CPU batches of
+# 64 pages, and the launch prepared for each slot's next execution (a forked child waiting to exec) holds
+# 16-256 KiB. Measured here well under 1 MiB in all.
+SLACK = 4 << 20
 
 
 def test_every_attack_has_an_expectation():
@@ -57,8 +61,9 @@ def test_attack_is_contained(verifier, sandbox, bait, attack, caplog, request):
     assert report.reason and not report.damage and not report.leftover and report.trainer_ok
     assert os.getpid() == trainer_pid and os.environ.get("RISE_NEMO_JUDGE_API_KEY") == bait.proof
     if sandbox.cgroups is not None:  # what the execution held, by the kernel's count, stayed within its cap
-        assert report.cgroup_peak_bytes is not None and report.cgroup_peak_bytes <= report.cap_bytes, report
-        assert not list(sandbox.cgroups.parents[0].glob("exec-*"))  # its cgroup is gone
+        assert report.cgroup_peak_bytes is not None and report.cgroup_peak_bytes <= report.cap_bytes + SLACK, report
+        sandbox.discard_prepared()  # the launches forked ahead for the next executions, with their cgroups
+        assert not list(sandbox.cgroups.parents[0].glob("exec-*"))  # the attack's cgroup is gone
     if attack.name == "multiprocess_memory_bomb":
         assert "whole execution killed" in report.reason
 
