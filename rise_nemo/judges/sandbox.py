@@ -32,6 +32,10 @@ Every execution (``BubblewrapSandbox.run_python``) gets:
 When the trainer runs as root, each execution drops to an unprivileged host uid first (``uid_base`` + pool
 slot), because the kernel does not apply RLIMIT_NPROC to host root even inside a user namespace.
 
+With cgroups, each thread forks the process of its next execution on a slot ahead of time, already in its
+own cgroup (rise_nemo.judges.sandbox_launch: entering a cgroup waits for an RCU grace period, which then
+overlaps the current execution instead of delaying the next).
+
 ``SandboxPool`` runs executions in parallel on a fixed number of threads with a bounded submission queue
 (``submit`` blocks when it is full: back-pressure, never an unbounded backlog), so N workers hold at most N
 executions' caps. On a Ray cluster the pool lives in actors (rise_nemo.judges.ray_actor).
@@ -315,12 +319,20 @@ class BubblewrapSandbox:
         program = (_RLIMIT_PROLOGUE.format(n=limits.processes) + code).encode("utf-8", errors="surrogatepass")
 
         def spawn() -> ChildProcess:
-            launch.release(program, int(limits.cpu_seconds), limits.memory_mb * _MIB, limits.file_size_mb * _MIB)
+            try:
+                launch.release(program, int(limits.cpu_seconds), limits.memory_mb * _MIB,
+                               limits.file_size_mb * _MIB)
+            except OSError as exc:
+                raise SandboxUnavailable(f"code sandbox: {exc}") from None
             return launch.process
 
         def prepare_next() -> None:  # the next execution on this slot joins its cgroup while this one runs
-            if self.cgroups is not None:
+            if self.cgroups is None:
+                return
+            try:
                 self._keep_prepared(slot, self._prepare(slot, limits))
+            except OSError as exc:  # only a head start lost: the next execution forks its own
+                log.warning("code sandbox: could not prepare the next execution ahead: %s", exc)
 
         try:
             res = execute([], stdin, limits, spawn=spawn, started=prepare_next,

@@ -91,7 +91,7 @@ class PreparedLaunch:
         for fd in (info_write, release_read, ready_write, stdin_read, stdout_write, stderr_write):
             os.close(fd)
         self.process = ChildProcess(pid, stdin_write, stdout_read, stderr_read)
-        self._released = False
+        self._released = self._closed = False
 
     def release(self, program: bytes, cpu_seconds: int, memory_bytes: int, file_bytes: int) -> None:
         """Hand over the program and the rlimits; the child execs bubblewrap. OSError when the child did not
@@ -99,13 +99,17 @@ class PreparedLaunch:
         os.pwrite(self.program_fd, program, 0)
         readable, _, _ = select.select([self.ready_read], [], [], _READY_SECONDS)
         if not readable or os.read(self.ready_read, 1) != b"r":
-            raise OSError(f"the sandbox process {self.process.pid} could not join its cgroup")
+            self.discard()
+            raise OSError(f"a sandbox process could not join its cgroup {self.cgroup.dirs[0]}")
         os.write(self.release_write, f"{cpu_seconds} {memory_bytes} {file_bytes}\n".encode())
         os.close(self.release_write)
         self._released = True
 
     def close_fds(self) -> None:
-        """The parent's descriptors (the process's pipes stay with ``process``)."""
+        """The parent's descriptors (the process's pipes stay with ``process``); once."""
+        if self._closed:
+            return
+        self._closed = True
         for fd in (self.program_fd, self.seccomp_fd, self.info_read, self.ready_read):
             if fd is not None:
                 os.close(fd)
@@ -114,7 +118,8 @@ class PreparedLaunch:
             self._released = True
 
     def discard(self) -> None:
-        """Never used: the child sees end of file instead of a release and exits; reap it, close everything."""
+        """Never used: the child sees end of file instead of a release and exits; reap it, close everything
+        (its cgroup is the caller's)."""
         self.close_fds()
         try:
             self.process.wait(timeout=30)

@@ -315,3 +315,23 @@ def test_seccomp_denies_tracing_and_uncounted_shared_memory(sandbox):
     res = sandbox.run_python(code)
     assert res.returncode == 0, res.stderr
     assert res.stdout.decode().split("\n")[:3] == ["1 1", "1", "forks still work"]  # EPERM, EPERM, EPERM
+
+
+class _Unjoinable:
+    """A cgroup that the child cannot enter (as when the cgroupfs stops accepting it)."""
+
+    fds: tuple[int, ...] = ()
+    dirs = [Path("/sys/fs/cgroup/unjoinable")]
+
+    def join(self) -> None:
+        raise PermissionError("no")
+
+
+def test_a_launch_that_cannot_join_its_cgroup_fails_with_the_reason_and_leaves_nothing(sandbox):
+    from rise_nemo.judges.sandbox_launch import PreparedLaunch
+
+    launch = PreparedLaunch(sandbox.argv(sandbox.limits), ["/bin/true"], None, _Unjoinable(), None, {}, ())
+    with pytest.raises(OSError, match="could not join its cgroup /sys/fs/cgroup/unjoinable"):
+        launch.release(b"print(1)", 1, 64 << 20, 1 << 20)
+    assert launch.process.returncode == 127  # the child exited before exec, and was reaped
+    launch.close_fds()  # a second close is a no-op (the descriptors were closed once)
