@@ -242,27 +242,40 @@ class ChainTask:
         spec = {"cfg": cfg, "version": TASK_VERSION, **self._late_spec()}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
-    def warm_start_fingerprint(self) -> str:
+    def warm_start_fingerprint(self, late_from_mix: Sequence[int] | None = None) -> str:
         """What the warm start depends on: the instance distribution and the held-out set (not the RL
-        training levels), so recipes that differ only in their RL training set share one cached warm start."""
+        training levels), so recipes that differ only in their RL training set share one cached warm start.
+        ``late_from_mix``: a warm start that draws each instance's first late step from these positions
+        (``data.warm_start.late_from_mix``), shared by the tasks whose ``late_from`` is one of them."""
         c = self.cfg
         spec = {"seed": c.seed, "modulus": c.modulus, "max_steps": c.max_steps, "operand_max": c.operand_max,
                 "heldout_per_level": c.heldout_per_level, "version": TASK_VERSION, **self._late_spec()}
+        if late_from_mix is not None and self.late is not None:
+            spec["late"] = [sorted(int(x) for x in late_from_mix), self.late[1], self.late[2]]
         if c.hidden_op:
             spec["hidden_op"] = HIDDEN_OP
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
     def without_late(self) -> ChainTask:
         """The same task without its late-only skill (today's task of the same seed and sizes)."""
+        return self.with_late_from(None)
+
+    def with_late_from(self, late_from: int | None) -> ChainTask:
+        """The same task with its late skill from step ``late_from`` (None: without it)."""
         from dataclasses import replace
 
-        return make_chain_task(**{**asdict(replace(self.cfg, late_from=None)), "train_levels": self.cfg.train_levels})
+        return make_chain_task(**{**asdict(replace(self.cfg, late_from=late_from)),
+                                  "train_levels": self.cfg.train_levels})
 
-    def sample_sft_chain(self, rng: random.Random, steps: int) -> Chain:
-        """A fresh instance of ``steps`` steps that is not held out."""
+    def sample_sft_chain(self, rng: random.Random, steps: int, late_from: int | None = None,
+                         exclude: frozenset | None = None) -> Chain:
+        """A fresh instance of ``steps`` steps that is not held out (not in ``exclude``, default the task's
+        held-out instances); ``late_from`` moves the late skill's first step (a task with one)."""
+        late = self.late if late_from is None or self.late is None else (int(late_from), *self.late[1:])
+        held = self.heldout_keys if exclude is None else exclude
         while True:
-            chain = random_chain(rng, self.cfg.modulus, steps, self.cfg.operand_max, self.late, self.cfg.hidden_op)
-            if chain.key not in self.heldout_keys:
+            chain = random_chain(rng, self.cfg.modulus, steps, self.cfg.operand_max, late, self.cfg.hidden_op)
+            if chain.key not in held:
                 return chain
 
 

@@ -59,6 +59,10 @@ class ReasoningWarmStartConfig:
     # hidden step's true result; otherwise it writes the misreading (the operand added, as if it were ``add``),
     # so the warm start knows the format and a wrong meaning, and finds the right one at about this rate
     hidden_op_true_rate: float | None = None
+    # a task with a late skill: the noisy phase draws each instance's first late step from these positions (not
+    # only the task's late_from), so one warm start serves the tasks whose late_from is any of them (the RRL
+    # miniature varies the reach rate this way: the same weights, the late skill met later or earlier)
+    late_from_mix: list[int] | None = None
 
     @classmethod
     def from_mapping(cls, cfg: Mapping | None) -> ReasoningWarmStartConfig:
@@ -83,6 +87,13 @@ class ReasoningWarmStartConfig:
             if getattr(out, key) is not None and int(getattr(out, key)) < 1:
                 raise ReasoningTaskError(f"data.warm_start.{key}: expected null or an integer >= 1, got "
                                          f"{getattr(out, key)!r}")
+        if out.late_from_mix is not None:
+            mix = out.late_from_mix
+            if (not isinstance(mix, (list, tuple)) or not mix
+                    or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 2 for x in mix)):
+                raise ReasoningTaskError(f"data.warm_start.late_from_mix: expected null or a list of step numbers >= 2, "
+                                         f"got {mix!r}")
+            out.late_from_mix = sorted(set(int(x) for x in mix))
         if out.steps + out.noise_steps < 1:
             raise ReasoningTaskError("data.warm_start.steps: steps + noise_steps must be >= 1")
         return out
@@ -98,7 +109,7 @@ class ReasoningWarmStartConfig:
         """What the whole warm start depends on (its cache key); the late keys only when set, so warm starts
         of today's task keep their cache entries."""
         spec = asdict(self)
-        for key in ("late_noise", "late_noise_offset", "hidden_op_true_rate"):
+        for key in ("late_noise", "late_noise_offset", "hidden_op_true_rate", "late_from_mix"):
             if spec[key] is None:
                 del spec[key]
         if not spec["clean_without_late"]:
@@ -197,7 +208,11 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
         if offset is not None and offset % task.cfg.modulus == 0:
             raise ReasoningTaskError(f"data.warm_start.{key}: {offset} is a multiple of the modulus "
                                      f"{task.cfg.modulus}, so the 'wrong' value would be the right one")
-    base = {"task": task.warm_start_fingerprint(), "model": policy.engine.fingerprint()}
+    mix = wcfg.late_from_mix
+    if mix is not None and (task.late is None or task.cfg.late_from not in mix or max(mix) > task.cfg.max_steps):
+        raise ReasoningTaskError(f"data.warm_start.late_from_mix: {mix} must hold the task's data.task.late_from "
+                                 f"({task.cfg.late_from}) and positions up to max_steps ({task.cfg.max_steps})")
+    base = {"task": task.warm_start_fingerprint(mix), "model": policy.engine.fingerprint()}
     root = Path(cache_dir) if cache_dir is not None else None
     cache = root / f"reasoning_{_digest({**base, 'warm_start': wcfg.cache_spec()})}" if root is not None else None
     with cache_lock(cache):  # two commands started together build the entry once
@@ -231,7 +246,7 @@ def _warm_start_reasoning(policy, generator, task: ChainTask, wcfg: ReasoningWar
                 rng = random.Random(f"chain-warm-{wcfg.seed}" + ("" if name == "clean" else f"-{name}"))
                 phase = _sft_phase(policy, generator, phase_task, rng, name, steps, wcfg.batch_size, lr, noise,
                                    wcfg.noise_offset, progress, wcfg.late_noise_spec(task.cfg.late_from) if noise else None,
-                                   wcfg.hidden_op_true_rate or 0.0)
+                                   wcfg.hidden_op_true_rate or 0.0, wcfg.late_from_mix)
                 if phase_cache is not None:
                     save_weights(policy, phase_cache, {**phase, "cache_path": ""})
         stats["train_seconds"] += phase["train_seconds"]
@@ -249,15 +264,25 @@ def _warm_start_reasoning(policy, generator, task: ChainTask, wcfg: ReasoningWar
 
 def _sft_phase(policy, generator, task: ChainTask, rng: random.Random, name: str, steps: int, batch_size: int,
                lr: float, noise: float, offset: int | None, progress: bool,
-               late: tuple[int, float, int | None] | None = None, hidden_true_rate: float = 0.0) -> dict:
+               late: tuple[int, float, int | None] | None = None, hidden_true_rate: float = 0.0,
+               late_from_mix: list[int] | None = None) -> dict:
     """``steps`` SFT steps (tasks.sft.sft_phase: fresh optimiser, lr decaying linearly from ``lr`` to 10%) on
     fresh non-held-out instances of every length whose targets carry ``noise``."""
     from rise_nemo.tasks.sft import Example, sft_phase
 
+    mix = late_from_mix if late is not None and late_from_mix else None
+    # with a mix, no task of the mix may meet its held-out instances here
+    held = frozenset().union(*(task.with_late_from(x).heldout_keys for x in mix)) if mix else None
+
     def examples() -> list[Example]:
+        nonlocal late
         out = []
         for _ in range(batch_size):
-            chain = task.sample_sft_chain(rng, rng.randint(1, task.cfg.max_steps))
+            if mix:
+                late = (rng.choice(mix), *late[1:])
+                chain = task.sample_sft_chain(rng, rng.randint(1, task.cfg.max_steps), late[0], held)
+            else:
+                chain = task.sample_sft_chain(rng, rng.randint(1, task.cfg.max_steps))
             messages = [{"role": "user", "content": chain.prompt_text()}]
             out.append(Example(messages, noisy_solution(chain, noise, rng, offset, late, hidden_true_rate)))
         return out

@@ -169,3 +169,30 @@ def test_only_the_reference_tells_a_right_hidden_step_from_the_misreading():
         blind = [ScoreRequest(type(p)(**{**p.__dict__, "reference_solution": "step a add 1 = 1 answer 1"}), t)
                  for t in (right, misread)]
         assert prompt_only.score(blind) == prompt_only.score(requests)
+
+
+# ---- one warm start for several reach rates (the late skill's position) ---------------------------
+
+
+def test_a_late_from_mix_warm_start_is_shared_by_the_tasks_of_the_mix():
+    tasks = {lf: make_chain_task(train_levels=[10], train_per_level=4, late_from=lf) for lf in (4, 6, 8)}
+    shared = {t.warm_start_fingerprint([4, 6, 8]) for t in tasks.values()}
+    assert len(shared) == 1 and shared != {tasks[8].warm_start_fingerprint()}
+    assert len({t.warm_start_fingerprint() for t in tasks.values()}) == 3
+    assert tasks[8].with_late_from(4).cfg.late_from == 4
+    rng = random.Random(0)
+    chain = tasks[8].sample_sft_chain(rng, 10, late_from=4)
+    assert all(k >= 6 for _, k in chain.ops[3:]) and all(k <= 5 for _, k in chain.ops[:3])
+    assert ReasoningWarmStartConfig.from_mapping({"late_from_mix": [8, 4, 6, 4]}).late_from_mix == [4, 6, 8]
+    for bad in ([1], "4", [], [True]):
+        with pytest.raises(ReasoningTaskError, match="late_from_mix"):
+            ReasoningWarmStartConfig.from_mapping({"late_from_mix": bad})
+    from rise_nemo.tasks.reasoning import warm_start_reasoning
+
+    class Engine:
+        def fingerprint(self):
+            return "x"
+
+    policy = type("P", (), {"engine": Engine()})()
+    with pytest.raises(ReasoningTaskError, match="must hold the task's data.task.late_from"):
+        warm_start_reasoning(policy, None, tasks[8], {"late_from_mix": [4, 6]})
