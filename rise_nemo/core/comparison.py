@@ -25,7 +25,10 @@ Verdicts (``verdict``), against the null value (1 for a ratio, 0 for a differenc
   effect_below_target  lo > null, hi < target: an effect is shown, but one as large as the target is excluded
   no_effect_at_target  lo <= null, hi < target: no effect shown, and an effect as large as the target is excluded
   underpowered         lo <= null, hi >= target: the interval cannot tell "no effect" from "the target"
-A target is MET when the point estimate reaches it and the verdict is ``effect``.
+A target is MET when the point estimate reaches it and the verdict is ``effect``. With fewer than MIN_SEEDS
+seeds the verdict is ``underpowered`` whatever the interval: a bootstrap over 2-4 seeds cannot reach beyond
+the seeds it has (with 2 seeds its interval is at most the two values), so it cannot show the spread of
+seeds it never drew.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from statistics import NormalDist
 import numpy as np
 
 VERDICTS = ("effect", "effect_below_target", "no_effect_at_target", "underpowered")
+MIN_SEEDS = 5
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,8 @@ def _interval(point: float, boot: np.ndarray, seeds: int, null: float, target: f
     tail = expanded_tail(seeds, level)
     finite = boot[~np.isnan(boot)]
     lo, hi = _quantiles(finite, tail) if finite.size else (math.nan, math.nan)
-    return Interval(point, lo, hi, null, target, seeds, verdict(lo, hi, null, target))
+    decided = verdict(lo, hi, null, target) if seeds >= MIN_SEEDS else "underpowered"
+    return Interval(point, lo, hi, null, target, seeds, decided)
 
 
 def pooled_ratio(successes_a: Sequence[Sequence[float]], successes_b: Sequence[Sequence[float]],

@@ -71,9 +71,16 @@ def test_pooled_ratio_point_is_the_ratio_of_pooled_successes_and_pairing_is_chec
         pooled_ratio([[17]], [[1]], [[16]], target=1.5)
 
 
-def test_pooled_ratio_without_successes_in_either_arm_is_one_and_undecided():
-    iv = pooled_ratio([[0, 0]] * 3, [[0, 0]] * 3, target=1.5, resamples=200)
+def test_pooled_ratio_without_successes_in_either_arm_is_one():
+    iv = pooled_ratio([[0, 0]] * 5, [[0, 0]] * 5, target=1.5, resamples=200)
     assert (iv.point, iv.lo, iv.hi, iv.verdict) == (1.0, 1.0, 1.0, "no_effect_at_target")
+
+
+def test_fewer_than_five_seeds_are_underpowered_whatever_the_interval():
+    # two seeds, both +0.05: the bootstrap interval is [0.05, 0.05], but two seeds show nothing of the spread
+    assert paired_difference([0.35, 0.45], [0.3, 0.4], target=0.1, resamples=200).verdict == "underpowered"
+    assert paired_difference([0.35, 0.45] * 3, [0.3, 0.4] * 3, target=0.1, resamples=200).verdict == (
+        "effect_below_target")
 
 
 def test_paired_difference_uses_the_pairing():

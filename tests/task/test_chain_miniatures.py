@@ -196,3 +196,21 @@ def test_a_late_from_mix_warm_start_is_shared_by_the_tasks_of_the_mix():
     policy = type("P", (), {"engine": Engine()})()
     with pytest.raises(ReasoningTaskError, match="must hold the task's data.task.late_from"):
         warm_start_reasoning(policy, None, tasks[8], {"late_from_mix": [4, 6]})
+
+
+def test_the_rrl_miniature_recipe_cannot_cancel_and_serves_three_reach_levels():
+    from pathlib import Path
+
+    from rise_nemo.config import load_config
+    from rise_nemo.orchestration.data import _plain, chain_task
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "rrl_chain_late_exact_tiny_cpu.yaml"
+    fingerprints = set()
+    for late_from in (8, 6, 4):
+        cfg = load_config(recipe, [f"data.task.late_from={late_from}"])
+        wcfg = ReasoningWarmStartConfig.from_mapping(_plain(cfg.data.warm_start))
+        task = chain_task(cfg)
+        assert wcfg.error_offsets(task.cfg.late_from) == [18, 9]
+        assert error_shift_distance(wcfg.error_offsets(task.cfg.late_from), task.cfg.modulus)[0] == 2
+        fingerprints.add(task.warm_start_fingerprint(wcfg.late_from_mix))
+    assert len(fingerprints) == 1  # one warm start for the three reach levels
