@@ -81,3 +81,25 @@ def rate(per_seed: Sequence[Sequence[dict[str, int]]], key: str) -> float:
 def any_correct(per_seed: Sequence[Sequence[dict[str, int]]], key: str) -> list[list[int]]:
     """[seeds][problems] 0/1: whether any of a problem's samples is correct (pass@n with n = its samples)."""
     return [[int(p[key] > 0) for p in problems] for problems in per_seed]
+
+
+def resumable(directory: str | None, name: str, spec: dict, compute) -> dict:
+    """``compute()`` (a JSON-able dict of one seed's measurements) with its CPU time as ``cpu_s``; with a
+    ``directory`` (--resume-dir) it is saved there as ``name``.json, and a saved result of the same ``spec``
+    (everything the measurements depend on) is returned instead, marked ``reused``: an interrupted bench
+    restarts where it stopped."""
+    import json
+    from pathlib import Path
+
+    path = Path(directory) / f"{name}.json" if directory else None
+    if path is not None and path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("spec") == spec:
+            return {**saved["result"], "reused": True}
+    c = cpu_seconds()
+    result = {**compute(), "cpu_s": 0.0}
+    result["cpu_s"] = cpu_seconds() - c
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"spec": spec, "result": result}))
+    return result

@@ -46,7 +46,7 @@ Ends with
 
 Usage: python bench/embedded_exprl.py [--stage1-steps 20] [--stage2-steps 20] [--seeds 0 .. 9] [--variant outcome]
        [--samples 16] [--heldout 64] [--train-per-level 64] [--task hidden|control|premise]
-       [--arms exprl dense grpo] [--quick] [--out F] [key=value ...]
+       [--arms exprl dense grpo] [--quick] [--out F] [--resume-dir D] [key=value ...]
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench._cli import parse_with_overrides  # noqa: E402
-from bench._miniature import counts, cpu_seconds, rate, score_samples, seed_problems  # noqa: E402
+from bench._miniature import counts, cpu_seconds, rate, resumable, score_samples, seed_problems  # noqa: E402
 
 STAGE2 = ["policy_loss.kl_coef=0.0", "sampling.temperature=0.8"]  # ExpRL's Stage II: sparse GRPO, KL 0, temperature 0.8
 TASKS = {
@@ -89,6 +89,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--arms", nargs="+", choices=ARMS, default=["exprl", "dense", "grpo"])
     p.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, 3 + 3 steps, 16 problems x 8 samples")
     p.add_argument("--out", default=None, help="write every measurement as JSON here")
+    p.add_argument("--resume-dir", default=None,
+                   help="save each seed's measurements here and reuse those of an earlier run with the same settings")
     p.add_argument("overrides", nargs="*", help="recipe overrides for every arm, e.g. local.lr=2e-4")
     args = parse_with_overrides(p)
     if args.quick:
@@ -137,17 +139,19 @@ def main() -> int:
 
     s1, s2 = args.stage1_steps, args.stage2_steps
     evals: dict[str, dict[str, list]] = {arm: {"stage1": [], "final": []} for arm in [*args.arms, "warm_start"]}
-    records = []
-    for seed in args.seeds:
-        train_set, heldout = seed_problems(task, seed, levels, args.train_per_level, HELDOUT_LEVEL, args.heldout)
-        rec: dict = {"seed": seed}
-        eval_cfg, _, generator, _ = fresh(seed)
+    records, reused_cpu = [], 0.0
+    spec = {k: v for k, v in vars(args).items() if k not in ("seeds", "out", "resume_dir", "quick", "judge_steps")}
 
-        def evaluate(arm: str, when: str, gen, step: int, cfg=eval_cfg, problems=heldout, rec=rec) -> None:
-            scores = score_samples(cfg, gen, problems, args.samples, step)
-            evals[arm][when].append(scores)
-            rec[f"{arm}_{when}"] = {"exact": rate([scores], "exact"), "answer": rate([scores], "answer"),
-                                    "pass8": _pass_k_mean(scores, "exact", 8)}
+    def run_seed(seed: int) -> dict:
+        train_set, heldout = seed_problems(task, seed, levels, args.train_per_level, HELDOUT_LEVEL, args.heldout)
+        eval_cfg, _, generator, _ = fresh(seed)
+        out: dict = {"evals": {}, "rec": {"seed": seed}}
+
+        def evaluate(arm: str, when: str, gen, step: int) -> None:
+            scores = score_samples(eval_cfg, gen, heldout, args.samples, step)
+            out["evals"].setdefault(arm, {})[when] = scores
+            out["rec"][f"{arm}_{when}"] = {"exact": rate([scores], "exact"), "answer": rate([scores], "answer"),
+                                           "pass8": _pass_k_mean(scores, "exact", 8)}
 
         evaluate("warm_start", "final", generator, 0)
         for arm in args.arms:
@@ -168,14 +172,26 @@ def main() -> int:
                 policy.begin_stage()  # Stage II: fresh optimiser, KL reference = Stage I's final weights
             m += train(stage2, policy, generator, sampler, s1 + 1, s2)
             evaluate(arm, "final", generator, s1 + s2)
-            rec[arm] = {"reward_first": m[0].get("reward/mean"), "reward_stage1_last": m[s1 - 1].get("reward/mean"),
-                        "reward_last": m[-1].get("reward/mean"), "cpu_s": cpu_seconds() - c,
-                        "wall_s": time.perf_counter() - t}
-        records.append(rec)
-        print(json.dumps(rec), flush=True)
+            out["rec"][arm] = {"reward_first": m[0].get("reward/mean"),
+                               "reward_stage1_last": m[s1 - 1].get("reward/mean"),
+                               "reward_last": m[-1].get("reward/mean"), "cpu_s": cpu_seconds() - c,
+                               "wall_s": time.perf_counter() - t}
+        print(json.dumps(out["rec"]), flush=True)
+        return out
+
+    for seed in args.seeds:
+        got = resumable(args.resume_dir, f"exprl_{args.task}_s{seed}", {**spec, "seed": seed},
+                        lambda seed=seed: run_seed(seed))
+        if got.get("reused"):
+            reused_cpu += got["cpu_s"]
+            print(f"seed {seed}: measurements reused from {args.resume_dir}", flush=True)
+        for arm, whens in got["evals"].items():
+            for when, scores in whens.items():
+                evals[arm][when].append(scores)
+        records.append(got["rec"])
 
     calls_per_rollout = judge_calls_per_rollout(config, args) if args.judge_steps else float("nan")
-    cpu_s = cpu_seconds() - c0
+    cpu_s = cpu_seconds() - c0 + reused_cpu  # a resumed run counts its earlier seeds
 
     def final(arm: str, key: str = "exact"):
         return counts(evals[arm]["final"], key)

@@ -50,7 +50,8 @@ Ends with
            hard_exact_ratio_lf8... reach_lf8=... ... easy_pass1_delta=... step_ratio=... seeds=10 steps=40 cpu_s=...
 
 Usage: python bench/embedded_rrl.py [--steps 40] [--seeds 0 .. 9] [--samples 16] [--heldout 64] [--late-from 8 6 4]
-       [--task exact|premise|control] [--variants ppo rrl] [--critic-pretrain 100] [--quick] [--out F] [key=value ...]
+       [--task exact|premise|control] [--variants ppo rrl] [--critic-pretrain 100] [--quick] [--out F]
+       [--resume-dir D] [key=value ...]
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from bench._miniature import (  # noqa: E402
     counts,
     cpu_seconds,
     rate,
+    resumable,
     sample_texts,
     score_samples,
     score_texts,
@@ -104,6 +106,8 @@ def parse_args() -> argparse.Namespace:
                    help="critic pre-training updates on warm-start rollouts for every variant (0 = off)")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, 4 steps, one level, 16 problems x 8")
     p.add_argument("--out", default=None, help="write every measurement as JSON here")
+    p.add_argument("--resume-dir", default=None,
+                   help="save each seed's measurements here and reuse those of an earlier run with the same settings")
     p.add_argument("overrides", nargs="*", help="recipe overrides for every variant, e.g. rrl.beta=0.3")
     args = parse_with_overrides(p)
     if args.late_from is None:
@@ -128,7 +132,7 @@ def main() -> int:
     levels: dict = {}
     for lf in args.late_from:
         levels[lf] = run_level(args, lf)
-    cpu_s = cpu_seconds() - c0
+    cpu_s = cpu_seconds() - c0 + sum(lev["reused_cpu_s"] for lev in levels.values())  # a resumed run's earlier seeds
 
     def ratio(lf, key: str, which: str = "scratch", variant: str = "rrl"):
         ev = levels[lf]["evals"]
@@ -213,17 +217,20 @@ def run_level(args: argparse.Namespace, late_from: int | None) -> dict:
     easy_problems = [p for p in task.heldout if p.difficulty == 1]
 
     evals = {v: {"scratch": [], "late_prefix": []} for v in ["warm_start", *args.variants]}
-    easy = {v: [] for v in args.variants}
+    easy: dict[str, list[float]] = {v: [] for v in args.variants}
     step_cpu: dict[str, list[float]] = {v: [] for v in args.variants}
-    runs = []
-    for seed in args.seeds:
+    runs, reused_cpu = [], 0.0
+    spec = {k: v for k, v in vars(args).items() if k not in ("seeds", "late_from", "out", "resume_dir", "quick")}
+
+    def run_seed(seed: int) -> dict:
         train, heldout = seed_problems(task, seed, train_levels, int(cfg0.data.task.train_per_level), HELDOUT_LEVEL,
                                        args.heldout)
         prefixes = late_prefixes(generator, heldout, lf)
         seed_cfg = config("ppo", seed)  # the seed's evaluation stream
-        evals["warm_start"]["scratch"].append(score_samples(seed_cfg, generator, heldout, args.samples))
-        evals["warm_start"]["late_prefix"].append(score_samples(seed_cfg, generator, heldout, args.samples,
-                                                                prefixes=prefixes))
+        out = {"evals": {"warm_start": {"scratch": score_samples(seed_cfg, generator, heldout, args.samples),
+                                        "late_prefix": score_samples(seed_cfg, generator, heldout, args.samples,
+                                                                     prefixes=prefixes)}},
+               "easy": {}, "step_cpu": {}, "runs": []}
         pretrained = None
         for variant in args.variants:
             cfg = config(variant, seed)
@@ -235,36 +242,51 @@ def run_level(args: argparse.Namespace, late_from: int | None) -> dict:
                                    critic=critic, pad_id=_pad(gen), rng=random.Random(seed),
                                    hooks=make_step_hooks(cfg, method.name, len(train)), step_accuracy=step_accuracy)
             pre = {}
-            if args.critic_pretrain and pretrained is None:
+            if args.critic_pretrain and pretrained is None:  # once per seed: every variant starts from it
                 pre = pretrain_critic(ctx, train, seed)
                 pretrained = (critic.state_dict(), pre)
             elif pretrained is not None:
                 critic.load_state_dict(pretrained[0])
                 pre = pretrained[1]
             sampler = PromptSampler(train, int(cfg.sampling.prompts_per_step), seed, True)
-            steps = []
+            steps, cpu = [], []
             for step in range(1, args.steps + 1):
                 c = cpu_seconds()
                 steps.append(reasoning_train_step(ctx, sampler.next_batch(), step))
-                step_cpu[variant].append(cpu_seconds() - c)
-            evals[variant]["scratch"].append(score_samples(cfg, gen, heldout, args.samples))
-            evals[variant]["late_prefix"].append(score_samples(cfg, gen, heldout, args.samples, prefixes=prefixes))
-            easy[variant].append(evaluate_heldout(cfg, gen, easy_problems, args.samples)["levels"]["1"]["pass_at_k"]["1"])
-            rec = {"seed": seed, "variant": variant, "late_from": lf,
-                   "exact": rate(evals[variant]["scratch"][-1:], "exact"),
-                   "answer": rate(evals[variant]["scratch"][-1:], "answer"),
-                   "late_prefix_exact": rate(evals[variant]["late_prefix"][-1:], "exact"), "easy_pass1": easy[variant][-1],
-                   "train_reward_last5": _mean([m["reward/mean"] for m in steps[-5:]]),
-                   "step_cpu_s": _mean(step_cpu[variant][-args.steps:]),
+                cpu.append(cpu_seconds() - c)
+            ev = {"scratch": score_samples(cfg, gen, heldout, args.samples),
+                  "late_prefix": score_samples(cfg, gen, heldout, args.samples, prefixes=prefixes)}
+            out["evals"][variant], out["step_cpu"][variant] = ev, cpu
+            out["easy"][variant] = evaluate_heldout(cfg, gen, easy_problems, args.samples)["levels"]["1"]["pass_at_k"]["1"]
+            rec = {"seed": seed, "variant": variant, "late_from": lf, "exact": rate([ev["scratch"]], "exact"),
+                   "answer": rate([ev["scratch"]], "answer"), "late_prefix_exact": rate([ev["late_prefix"]], "exact"),
+                   "easy_pass1": out["easy"][variant],
+                   "train_reward_last5": _mean([m["reward/mean"] for m in steps[-5:]]), "step_cpu_s": _mean(cpu),
                    "replay_fraction": _mean([m.get("rrl/replay_fraction") for m in steps]),
                    "solve_rate_replayed": _mean([m.get("rrl/solve_rate_replayed") for m in steps]),
                    "states_dropped": sum(m.get("rrl/states_dropped") or 0 for m in steps),
                    "explained_variance_last5": _mean([m.get("critic/explained_variance") for m in steps[-5:]]),
                    "critic_auc_last5": _mean([m.get("critic/auc") for m in steps[-5:]]),
                    "pretrain_auc_after": pre.get("critic_pretrain/auc_after")}
-            runs.append(rec)
+            out["runs"].append(rec)
             print(json.dumps(rec), flush=True)
-    return {"premise": premise, "evals": evals, "easy": easy, "step_cpu": step_cpu, "runs": runs}
+        return out
+
+    for seed in args.seeds:
+        got = resumable(args.resume_dir, f"{args.task}_lf{lf}_s{seed}", {**spec, "late_from": lf, "seed": seed},
+                        lambda seed=seed: run_seed(seed))
+        if got.get("reused"):
+            reused_cpu += got["cpu_s"]
+            print(f"seed {seed}: measurements reused from {args.resume_dir}", flush=True)
+        for v in ["warm_start", *args.variants]:
+            for which in ("scratch", "late_prefix"):
+                evals[v][which].append(got["evals"][v][which])
+        for v in args.variants:
+            easy[v].append(got["easy"][v])
+            step_cpu[v] += got["step_cpu"][v]
+        runs += got["runs"]
+    return {"premise": premise, "evals": evals, "easy": easy, "step_cpu": step_cpu, "runs": runs,
+            "reused_cpu_s": reused_cpu}
 
 
 def late_prefixes(generator, problems, late_from: int) -> list[list[int]]:
