@@ -125,7 +125,6 @@ def main() -> int:
 
     torch.set_num_threads(1)
     from rise_nemo.core.comparison import paired_difference, pooled_rate, pooled_ratio
-    from rise_nemo.tasks.reasoning import error_shift_distance
 
     args = parse_args()
     t0, c0 = time.perf_counter(), cpu_seconds()
@@ -175,15 +174,13 @@ def main() -> int:
             fields += [f"hard_exact_ratio_lf{lf}={iv.point:.4f}", f"hard_exact_ratio_lf{lf}_lo={iv.lo:.4f}",
                        f"hard_exact_ratio_lf{lf}_hi={iv.hi:.4f}", f"reach_lf{lf}={levels[lf]['premise']['reach_rate']:.4f}"]
     prem = lev["premise"]
-    offsets = prem["error_offsets"]
-    distance = error_shift_distance(offsets, 61)[0] if offsets else -1
     fields += [f"easy_pass1_delta={easy.point:.4f}", f"easy_pass1_delta_lo={easy.lo:.4f}",
                f"easy_pass1_delta_hi={easy.hi:.4f}", f"step_ratio={step_ratio:.4f}",
                f"critic_auc={_fmt(_mean([r['critic_auc_last5'] for r in lev['runs'] if r['variant'] == 'rrl']))}",
                f"pretrain_auc={_fmt(_mean([r.get('pretrain_auc_after') for r in lev['runs'] if r['variant'] == 'rrl']))}",
                f"reach_rate={prem['reach_rate']:.4f}", f"late_prefix_exact={prem['late_prefix_exact']:.4f}",
                f"scratch_exact={prem['scratch_exact']:.4f}", f"step1_accuracy={prem['step_accuracy'][0]:.4f}",
-               f"cancel_distance={distance}", f"seeds={len(args.seeds)}", f"steps={args.steps}",
+               f"cancel_distance={prem['cancel_distance']}", f"seeds={len(args.seeds)}", f"steps={args.steps}",
                f"task={args.task}", f"cpu_s={cpu_s:.0f}"]
     print("RESULT " + " ".join(fields))
     return 0
@@ -303,7 +300,7 @@ def measure_premise(cfg, generator, task, late_from: int, samples: int) -> dict:
     the clean prefix before it, the step accuracy at each position given a correct prefix, and the error modes."""
     from rise_nemo.data.chain_task import leading_correct_steps
     from rise_nemo.orchestration.data import _plain
-    from rise_nemo.tasks.reasoning import ReasoningWarmStartConfig
+    from rise_nemo.tasks.reasoning import ReasoningWarmStartConfig, error_shift_distance
 
     problems = [p for p in task.heldout if p.difficulty == HELDOUT_LEVEL]
     texts = sample_texts(cfg, generator, problems, samples)
@@ -312,13 +309,17 @@ def measure_premise(cfg, generator, task, late_from: int, samples: int) -> dict:
     scratch = score_texts(problems, texts)
     wcfg = ReasoningWarmStartConfig.from_mapping({k: v for k, v in _plain(cfg.data.warm_start).items()
                                                   if k != "enabled"})
+    offsets = wcfg.error_offsets(task.cfg.late_from)
+    # how close 10 or fewer injected errors come to 0 mod M (0: some wrong path reaches the right answer)
+    distance, closest = error_shift_distance(offsets, task.cfg.modulus) if offsets else (-1, [])
     # step i + 1 is tried by the rollouts whose first i steps are right, and right when it is right too
     accuracy = [sum(m > i for m in leading) / max(1, sum(m >= i for m in leading)) for i in range(HELDOUT_LEVEL)]
     return {"late_from": late_from, "rollouts": len(leading),
             "reach_rate": sum(m >= late_from - 1 for m in leading) / len(leading),
             "scratch_answer": rate([scratch], "answer"), "scratch_exact": rate([scratch], "exact"),
             "late_prefix_answer": rate([late], "answer"), "late_prefix_exact": rate([late], "exact"),
-            "step_accuracy": [round(a, 4) for a in accuracy], "error_offsets": wcfg.error_offsets(task.cfg.late_from)}
+            "step_accuracy": [round(a, 4) for a in accuracy], "error_offsets": offsets,
+            "cancel_distance": distance, "cancelling": [list(c) for c in closest] if distance == 0 else []}
 
 
 def _pad(generator) -> int:
