@@ -179,7 +179,7 @@ def main() -> int:
                f"critic_auc={_fmt(_mean([r['critic_auc_last5'] for r in lev['runs'] if r['variant'] == 'rrl']))}",
                f"pretrain_auc={_fmt(_mean([r.get('pretrain_auc_after') for r in lev['runs'] if r['variant'] == 'rrl']))}",
                f"reach_rate={prem['reach_rate']:.4f}", f"late_prefix_exact={prem['late_prefix_exact']:.4f}",
-               f"scratch_exact={prem['scratch_exact']:.4f}", f"step1_accuracy={prem['step_accuracy'][0]:.4f}",
+               f"scratch_exact={prem['scratch_exact']:.4f}", f"step1_accuracy={_fmt(prem['step_accuracy'][0])}",
                f"cancel_distance={prem['cancel_distance']}", f"seeds={len(args.seeds)}", f"steps={args.steps}",
                f"task={args.task}", f"cpu_s={cpu_s:.0f}"]
     print("RESULT " + " ".join(fields))
@@ -298,27 +298,25 @@ def measure_premise(cfg, generator, task, late_from: int, samples: int) -> dict:
     """On the warm start, the task's own held-out level-10 problems x ``samples`` (the evaluation stream of step
     0): the reach rate of step ``late_from`` with a correct prefix, pass@1 (answer, exact) from scratch and from
     the clean prefix before it, the step accuracy at each position given a correct prefix, and the error modes."""
-    from rise_nemo.data.chain_task import leading_correct_steps
+    from rise_nemo.data.chain_task import reach_profile
     from rise_nemo.orchestration.data import _plain
     from rise_nemo.tasks.reasoning import ReasoningWarmStartConfig, error_shift_distance
 
     problems = [p for p in task.heldout if p.difficulty == HELDOUT_LEVEL]
     texts = sample_texts(cfg, generator, problems, samples)
     late = score_samples(cfg, generator, problems, samples, prefixes=late_prefixes(generator, problems, late_from))
-    leading = [leading_correct_steps(p, t) for p, g in zip(problems, texts) for t in g]
+    profile = reach_profile(problems, texts, late_from)
     scratch = score_texts(problems, texts)
     wcfg = ReasoningWarmStartConfig.from_mapping({k: v for k, v in _plain(cfg.data.warm_start).items()
                                                   if k != "enabled"})
     offsets = wcfg.error_offsets(task.cfg.late_from)
     # how close 10 or fewer injected errors come to 0 mod M (0: some wrong path reaches the right answer)
     distance, closest = error_shift_distance(offsets, task.cfg.modulus) if offsets else (-1, [])
-    # step i + 1 is tried by the rollouts whose first i steps are right, and right when it is right too
-    accuracy = [sum(m > i for m in leading) / max(1, sum(m >= i for m in leading)) for i in range(HELDOUT_LEVEL)]
-    return {"late_from": late_from, "rollouts": len(leading),
-            "reach_rate": sum(m >= late_from - 1 for m in leading) / len(leading),
+    return {"late_from": late_from, "rollouts": profile["responses"], "reach_rate": profile["reach_rate"],
             "scratch_answer": rate([scratch], "answer"), "scratch_exact": rate([scratch], "exact"),
             "late_prefix_answer": rate([late], "answer"), "late_prefix_exact": rate([late], "exact"),
-            "step_accuracy": [round(a, 4) for a in accuracy], "error_offsets": offsets,
+            "step_accuracy": [None if a is None else round(a, 4) for a in profile["step_accuracy"]],
+            "error_offsets": offsets,
             "cancel_distance": distance, "cancelling": [list(c) for c in closest] if distance == 0 else []}
 
 

@@ -415,6 +415,21 @@ class ExactSolutionVerifier:
         return [exact_solution(p, r) for p, r in zip(problems, responses)]
 
 
+def reach_profile(problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[str]], late_from: int) -> dict:
+    """Where from-scratch responses (``groups[i]`` answer ``problems[i]``) lose the clean path: the REACH RATE
+    (the share whose first ``late_from`` - 1 steps equal the reference's: they arrive at step ``late_from``
+    with a correct prefix; RRL's premise, docs/DESIGN.md §11.3) and, per position i, the step accuracy given a
+    correct prefix (responses with i - 1 right steps whose i-th step is right too; None where none got there)."""
+    leading = [leading_correct_steps(p, text) for p, texts in zip(problems, groups) for text in texts]
+    if not leading:
+        raise ValueError("reach_profile: no responses")
+    longest = max((len(problem_chain(p).ops) for p in problems), default=0)
+    tried = [sum(m >= i for m in leading) for i in range(longest)]
+    accuracy = [sum(m > i for m in leading) / n if n else None for i, n in zip(range(longest), tried)]
+    return {"responses": len(leading), "reach_rate": sum(m >= late_from - 1 for m in leading) / len(leading),
+            "step_accuracy": accuracy}
+
+
 def step_prefixes(problem: ReasoningProblem) -> list[str]:
     """The clean reference cut after each of its first 0..L-1 steps (RRL's canonical states), as text."""
     chain = problem_chain(problem)

@@ -214,3 +214,27 @@ def test_the_rrl_miniature_recipe_cannot_cancel_and_serves_three_reach_levels():
         assert error_shift_distance(wcfg.error_offsets(task.cfg.late_from), task.cfg.modulus)[0] == 2
         fingerprints.add(task.warm_start_fingerprint(wcfg.late_from_mix))
     assert len(fingerprints) == 1  # one warm start for the three reach levels
+
+
+def test_reach_profile_finds_where_responses_leave_the_clean_path():
+    from rise_nemo.data.chain_task import reach_profile
+
+    task = make_chain_task(train_levels=[10], train_per_level=4, late_from=8)
+    p = task.train[0]
+    chain = problem_chain(p)
+    right = p.reference_solution
+
+    def wrong_at(i: int) -> str:  # the clean path with one +18 error at step i (0-based), the rest continuing
+        written, v = [], chain.start
+        for j, (op, k) in enumerate(chain.ops):
+            v = (v + (1 if op == "add" else -1) * k + (18 if j == i else 0)) % 61
+            written.append(v)
+        return chain.solution_text(written)
+
+    texts = [right, wrong_at(0), wrong_at(0), wrong_at(3), wrong_at(7), "nonsense"]
+    profile = reach_profile([p], [texts], late_from=8)
+    # leading correct steps: 10, 0, 0, 3, 7, 0 -> 2 of 6 reach step 8 with steps 1-7 right
+    assert profile["reach_rate"] == pytest.approx(2 / 6) and profile["responses"] == 6
+    acc = profile["step_accuracy"]
+    assert acc[0] == pytest.approx(3 / 6) and acc[3] == pytest.approx(2 / 3) and acc[7] == pytest.approx(1 / 2)
+    assert acc[9] == 1.0
