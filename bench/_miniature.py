@@ -89,6 +89,7 @@ def resumable(directory: str | None, name: str, spec: dict, compute) -> dict:
     (everything the measurements depend on) is returned instead, marked ``reused``: an interrupted bench
     restarts where it stopped."""
     import json
+    import time
     from pathlib import Path
 
     path = Path(directory) / f"{name}.json" if directory else None
@@ -97,9 +98,37 @@ def resumable(directory: str | None, name: str, spec: dict, compute) -> dict:
         if saved.get("spec") == spec:
             return {**saved["result"], "reused": True}
     c = cpu_seconds()
-    result = {**compute(), "cpu_s": 0.0}
+    result = {**compute(), "cpu_s": 0.0, "measured_at": time.time()}
     result["cpu_s"] = cpu_seconds() - c
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"spec": spec, "result": result}))
     return result
+
+
+def run_workers(script: str, argv: list[str], seeds: list[int], workers: int, extra: list[str]) -> None:
+    """Measure ``seeds`` in ``workers`` subprocesses of ``script`` (``--workers`` of the benches): each runs the
+    bench's own command line with its share of the seeds, ``--measure-only`` and ``extra`` (the flags that make it
+    save each seed's measurements: ``--resume-dir D`` / ``--resume``), trains and prints no RESULT line; the
+    caller then reads its seeds back from those files. The children's CPU time counts in the caller's ``cpu_seconds`` once they are waited
+    for (a seed's saved ``measured_at`` tells a caller which seeds an earlier invocation measured). Raises if a
+    worker fails."""
+    import subprocess
+    import sys
+
+    drop = {"--workers", "--seeds"}
+    rest, skip = [], False
+    for tok in argv:
+        if tok in drop:
+            skip = True
+            continue
+        if skip and (tok.startswith("-") or "=" in tok):
+            skip = False
+        if not skip:
+            rest.append(tok)
+    chunks = [seeds[i::workers] for i in range(workers) if seeds[i::workers]]
+    procs = [subprocess.Popen([sys.executable, script, *rest, "--seeds", *map(str, chunk), "--workers", "1",
+                               "--measure-only", *extra]) for chunk in chunks]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"--workers: a worker failed (exit codes {codes}); its seeds' logs are above")

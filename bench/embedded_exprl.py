@@ -46,7 +46,7 @@ Ends with
 
 Usage: python bench/embedded_exprl.py [--stage1-steps 20] [--stage2-steps 20] [--seeds 0 .. 9] [--variant outcome]
        [--samples 16] [--heldout 64] [--train-per-level 64] [--task hidden|control|premise]
-       [--arms exprl dense grpo] [--quick] [--out F] [--resume-dir D] [key=value ...]
+       [--arms exprl dense grpo] [--quick] [--out F] [--resume-dir D] [--workers N] [key=value ...]
 """
 
 from __future__ import annotations
@@ -61,7 +61,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench._cli import parse_with_overrides  # noqa: E402
-from bench._miniature import counts, cpu_seconds, rate, resumable, score_samples, seed_problems  # noqa: E402
+from bench._miniature import (  # noqa: E402
+    counts,
+    cpu_seconds,
+    rate,
+    resumable,
+    run_workers,
+    score_samples,
+    seed_problems,
+)
 
 STAGE2 = ["policy_loss.kl_coef=0.0", "sampling.temperature=0.8"]  # ExpRL's Stage II: sparse GRPO, KL 0, temperature 0.8
 TASKS = {
@@ -91,6 +99,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default=None, help="write every measurement as JSON here")
     p.add_argument("--resume-dir", default=None,
                    help="save each seed's measurements here and reuse those of an earlier run with the same settings")
+    p.add_argument("--workers", type=int, default=1,
+                   help="measure the seeds in this many processes (the same runs and CPU time, less wall time)")
+    p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # a --workers child
     p.add_argument("overrides", nargs="*", help="recipe overrides for every arm, e.g. local.lr=2e-4")
     args = parse_with_overrides(p)
     if args.quick:
@@ -118,7 +129,11 @@ def main() -> int:
     args.overrides = [*TASKS[args.task], *args.overrides]
     recipes = REPO / "recipes"
     stage1_recipe = f"exprl_{args.variant}_chain_tiny_cpu.yaml"
-    t0, c0 = time.perf_counter(), cpu_seconds()
+    t0, c0, started = time.perf_counter(), cpu_seconds(), time.time()
+    if args.workers > 1 and not args.measure_only and not args.resume_dir:
+        import tempfile
+
+        args.resume_dir = tempfile.mkdtemp(prefix="embedded_exprl_")
 
     def config(recipe: str, seed: int, *extra: str):
         return load_config(recipes / recipe, [f"run.seed={seed}", *args.overrides, *extra])
@@ -131,7 +146,7 @@ def main() -> int:
     print(f"warm start: {stats}", flush=True)
     task = chain_task(base_cfg)
     levels = sorted(set(base_cfg.data.task.train_levels))
-    premise = measure_premise(base_cfg, task, args.task)
+    premise = {} if args.measure_only else measure_premise(base_cfg, task, args.task)
     print("premise, measured on the warm start before training: " + json.dumps(premise), flush=True)
     print(f"per seed: {args.train_per_level} fresh training problems per level {levels}, {args.heldout} fresh held-out "
           f"level-{HELDOUT_LEVEL} problems x {args.samples} samples; budget {args.stage1_steps} + {args.stage2_steps} "
@@ -140,7 +155,8 @@ def main() -> int:
     s1, s2 = args.stage1_steps, args.stage2_steps
     evals: dict[str, dict[str, list]] = {arm: {"stage1": [], "final": []} for arm in [*args.arms, "warm_start"]}
     records, reused_cpu = [], 0.0
-    spec = {k: v for k, v in vars(args).items() if k not in ("seeds", "out", "resume_dir", "quick", "judge_steps")}
+    spec = {k: v for k, v in vars(args).items()
+            if k not in ("seeds", "out", "resume_dir", "quick", "judge_steps", "workers", "measure_only")}
 
     def run_seed(seed: int) -> dict:
         train_set, heldout = seed_problems(task, seed, levels, args.train_per_level, HELDOUT_LEVEL, args.heldout)
@@ -179,10 +195,12 @@ def main() -> int:
         print(json.dumps(out["rec"]), flush=True)
         return out
 
+    if args.workers > 1 and not args.measure_only:
+        run_workers(__file__, sys.argv[1:], args.seeds, args.workers, ["--resume-dir", args.resume_dir])
     for seed in args.seeds:
         got = resumable(args.resume_dir, f"exprl_{args.task}_s{seed}", {**spec, "seed": seed},
                         lambda seed=seed: run_seed(seed))
-        if got.get("reused"):
+        if got.get("reused") and got.get("measured_at", 0.0) < started:  # else a --workers child measured it
             reused_cpu += got["cpu_s"]
             print(f"seed {seed}: measurements reused from {args.resume_dir}", flush=True)
         for arm, whens in got["evals"].items():
@@ -190,6 +208,8 @@ def main() -> int:
                 evals[arm][when].append(scores)
         records.append(got["rec"])
 
+    if args.measure_only:
+        return 0
     calls_per_rollout = judge_calls_per_rollout(config, args) if args.judge_steps else float("nan")
     cpu_s = cpu_seconds() - c0 + reused_cpu  # a resumed run counts its earlier seeds
 

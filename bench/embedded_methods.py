@@ -57,7 +57,8 @@ requests; add ``++data.task.persistent_per_prompt=1`` for one persistent criteri
 
 Usage: python bench/embedded_methods.py [--steps 48] [--switch-step 24] [--eval-every 4] [--seeds 0 .. 9]
        [--task named|premise|control] [--base-rates 0.015 0.003 0] [--null-control 0.015|none]
-       [--methods rubric_rl rise ...] [--same-prompts] [--quick] [--out DIR] [--resume] [key=value ...]
+       [--methods rubric_rl rise ...] [--same-prompts] [--quick] [--out DIR] [--resume] [--workers N]
+       [key=value ...]
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench._cli import parse_with_overrides  # noqa: E402
-from bench._miniature import cpu_seconds  # noqa: E402
+from bench._miniature import cpu_seconds, run_workers  # noqa: E402
 
 RECIPES = {
     "rubric_rl": "rubric_rl_tiny_cpu.yaml",
@@ -143,6 +144,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default="/tmp/rise_bench_embedded")
     p.add_argument("--resume", action="store_true",
                    help="reuse the measurements of runs under --out that finished with exactly this config")
+    p.add_argument("--workers", type=int, default=1,
+                   help="train the seeds in this many processes (the same runs and CPU time, less wall time)")
+    p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # a --workers child
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("overrides", nargs="*", help="extra recipe overrides for every run (key=value)")
     args = parse_with_overrides(p)
@@ -220,6 +224,7 @@ def train_one(method: str, seed: int, args, extra=(), label: str = "") -> dict:
     from rise_nemo.orchestration.data import persistent_task
     from rise_nemo.orchestration.report import curve_auc
     from rise_nemo.orchestration.run import build_trainer
+    from rise_nemo.stopping import STOP_REQUESTED
 
     run_dir = Path(args.out) / (f"r{label}" if label else "") / f"{method}_s{seed}"
     cfg = config(method, seed, run_dir, args, extra)
@@ -235,13 +240,17 @@ def train_one(method: str, seed: int, args, extra=(), label: str = "") -> dict:
         shutil.rmtree(run_dir)  # a fixed budget from scratch, never a resumed run
     t0, c0 = time.perf_counter(), cpu_seconds()
     build_trainer(cfg).run()
+    if STOP_REQUESTED.is_set():  # the trainer stopped early on a signal (checkpointed): stop the bench, record nothing
+        raise SystemExit(f"stopped by a signal during {run_dir}; rerun with --resume to continue")
     evals = [json.loads(p.read_text()) for p in sorted((run_dir / "eval").glob("step_*.json"))]
+    if not evals or evals[-1]["step"] != args.steps:
+        raise SystemExit(f"{run_dir}: the run ended before step {args.steps}; see its train.log")
     curve = [(e["step"], e["persistent_coverage"]) for e in evals]
     hits = natural_hits(persistent_task(cfg), run_dir / "samples.jsonl", args.switch_step)
     result = {"method": method, "seed": seed, "rate": label, "curve": curve, "auc": curve_auc(curve),
               "final_reward": evals[-1]["reward_mean"], "negative_rate": evals[-1]["negative_rate"],
               "natural_hits": hits, "wall_s": time.perf_counter() - t0, "cpu_s": cpu_seconds() - c0,
-              "run_dir": str(run_dir)}
+              "run_dir": str(run_dir), "measured_at": time.time()}
     record.write_text(json.dumps({"config": spec, "result": result}))
     return result
 
@@ -325,11 +334,11 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    t0, c0 = time.perf_counter(), cpu_seconds()
+    t0, c0, started = time.perf_counter(), cpu_seconds(), time.time()
     conds = conditions(args)
     premise: dict[str, dict] = {}
     results = []
-    for label, extra in conds:
+    for label, extra in ([] if args.measure_only else conds):  # the premise of every condition, before training
         per_seed = {seed: premise_measurements(args, extra, seed) for seed in args.seeds}
         premise[label] = m = {key: statistics.mean(v[key] for v in per_seed.values())
                               for key in ("unprompted_rate", "hinted_rate", "transfer")}
@@ -340,6 +349,10 @@ def main() -> int:
               f"condition's warm start, each seed's prompts): persistent criteria met unprompted {100 * m['unprompted_rate']:.2f}%, "
               f"hinted {100 * m['hinted_rate']:.1f}%, transfer of one hit to other prompts {100 * m['transfer']:.1f}%"
               f"\n   transfer % per seed's training prompts: {spread}", flush=True)
+    if args.workers > 1 and not args.measure_only:
+        run_workers(__file__, sys.argv[1:], args.seeds, args.workers, ["--resume"])
+        args.resume = True  # read the workers' runs back
+    for label, extra in conds:
         for seed in args.seeds:
             for method in args.methods:
                 r = train_one(method, seed, args, extra, label)
@@ -349,6 +362,8 @@ def main() -> int:
                       f"{r['final_reward']:.4f}  negative rate {r['negative_rate']:.4f}  natural hits (guided phase) "
                       f"{sum(r['natural_hits']['guided_phase'].values())}  ({r['cpu_s']:.0f} s CPU)\n"
                       f"    coverage {curve}", flush=True)
+    if args.measure_only:
+        return 0
     (Path(args.out) / "results.json").write_text(json.dumps({"task": args.task, "premise": premise,
                                                              "runs": results}, indent=1))
 
@@ -384,8 +399,9 @@ def main() -> int:
               f"after the switch {after:.3f}")
         (Path(args.out) / "timing.json").write_text(json.dumps(times))
     onepass = onepass_fields(args, by, conds) if "rise_onepass" in args.methods else []
-    reused = [r for r in results if r.get("reused")]
-    cpu_s = cpu_seconds() - c0 + sum(r["cpu_s"] for r in reused)  # a resumed bench counts its earlier runs
+    # runs measured by an earlier invocation count their recorded CPU; this invocation's workers are its children
+    reused = [r for r in results if r.get("reused") and r.get("measured_at", 0.0) < started]
+    cpu_s = cpu_seconds() - c0 + sum(r["cpu_s"] for r in reused)
     print(f"CPU {cpu_s:.0f} s ({len(reused)} runs reused from an earlier invocation), wall "
           f"{time.perf_counter() - t0:.0f} s")
 

@@ -51,7 +51,7 @@ Ends with
 
 Usage: python bench/embedded_rrl.py [--steps 40] [--seeds 0 .. 9] [--samples 16] [--heldout 64] [--late-from 8 6 4]
        [--task exact|premise|control] [--variants ppo rrl] [--critic-pretrain 100] [--quick] [--out F]
-       [--resume-dir D] [key=value ...]
+       [--resume-dir D] [--workers N] [key=value ...]
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ from bench._miniature import (  # noqa: E402
     cpu_seconds,
     rate,
     resumable,
+    run_workers,
     sample_texts,
     score_samples,
     score_texts,
@@ -108,6 +109,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default=None, help="write every measurement as JSON here")
     p.add_argument("--resume-dir", default=None,
                    help="save each seed's measurements here and reuse those of an earlier run with the same settings")
+    p.add_argument("--workers", type=int, default=1,
+                   help="measure the seeds in this many processes (the same runs and CPU time, less wall time)")
+    p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # a --workers child
     p.add_argument("overrides", nargs="*", help="recipe overrides for every variant, e.g. rrl.beta=0.3")
     args = parse_with_overrides(p)
     if args.late_from is None:
@@ -127,10 +131,17 @@ def main() -> int:
     from rise_nemo.core.comparison import paired_difference, pooled_rate, pooled_ratio
 
     args = parse_args()
-    t0, c0 = time.perf_counter(), cpu_seconds()
-    levels: dict = {}
-    for lf in args.late_from:
-        levels[lf] = run_level(args, lf)
+    t0, c0, started = time.perf_counter(), cpu_seconds(), time.time()
+    if args.workers > 1 and not args.measure_only and not args.resume_dir:
+        import tempfile
+
+        args.resume_dir = tempfile.mkdtemp(prefix="embedded_rrl_")
+    premises = {} if args.measure_only else {lf: level_premise(args, lf) for lf in args.late_from}  # before training
+    if args.workers > 1 and not args.measure_only:
+        run_workers(__file__, sys.argv[1:], args.seeds, args.workers, ["--resume-dir", args.resume_dir])
+    levels = {lf: run_level(args, lf, premises.get(lf), started) for lf in args.late_from}
+    if args.measure_only:
+        return 0
     cpu_s = cpu_seconds() - c0 + sum(lev["reused_cpu_s"] for lev in levels.values())  # a resumed run's earlier seeds
 
     def ratio(lf, key: str, which: str = "scratch", variant: str = "rrl"):
@@ -186,16 +197,9 @@ def main() -> int:
     return 0
 
 
-def run_level(args: argparse.Namespace, late_from: int | None) -> dict:
-    """Every seed and variant at one position of the late skill (one reach level)."""
-    from rise_nemo.backends import build_critic
+def level_config(args: argparse.Namespace, late_from: int | None):
+    """config(variant, seed) of one reach level (the recipe with the late skill from ``late_from``)."""
     from rise_nemo.config import load_config
-    from rise_nemo.methods import get_method
-    from rise_nemo.orchestration.critic_ranking import pretrain_critic
-    from rise_nemo.orchestration.data import PromptSampler, chain_task, reasoning_tools
-    from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
-    from rise_nemo.orchestration.reasoning_warm_start import evaluate_heldout, warm_started_backend
-    from rise_nemo.orchestration.rrl import make_step_hooks
 
     def config(variant: str, seed: int):
         return load_config(REPO / "recipes" / TASKS[args.task], [
@@ -203,13 +207,40 @@ def run_level(args: argparse.Namespace, late_from: int | None) -> dict:
             *([f"data.task.late_from={late_from}"] if late_from is not None else []), *VARIANTS[variant],
             *args.overrides])
 
-    cfg0 = config("ppo", args.seeds[0])
+    return config
+
+
+def level_premise(args: argparse.Namespace, late_from: int | None) -> dict:
+    """The premise of one reach level on the warm start (built here if it is not cached), printed."""
+    from rise_nemo.orchestration.data import chain_task
+    from rise_nemo.orchestration.reasoning_warm_start import warm_started_backend
+
+    cfg0 = level_config(args, late_from)("ppo", args.seeds[0])
     task = chain_task(cfg0)
     lf = task.cfg.late_from or 8  # the control task has no late skill: its same position
     _, generator, stats = warm_started_backend(cfg0, progress=True)
     premise = measure_premise(cfg0, generator, task, lf, args.premise_samples)
     print(f"== task {args.task}, late skill from step {lf}: premise on the warm start ({stats.get('cache_path')}), "
           "before training: " + json.dumps(premise), flush=True)
+    return premise
+
+
+def run_level(args: argparse.Namespace, late_from: int | None, premise: dict | None, started: float) -> dict:
+    """Every seed and variant at one position of the late skill (one reach level). Seeds saved in
+    --resume-dir by an earlier invocation (measured before ``started``) add their recorded CPU time."""
+    from rise_nemo.backends import build_critic
+    from rise_nemo.methods import get_method
+    from rise_nemo.orchestration.critic_ranking import pretrain_critic
+    from rise_nemo.orchestration.data import PromptSampler, chain_task, reasoning_tools
+    from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
+    from rise_nemo.orchestration.reasoning_warm_start import evaluate_heldout, warm_started_backend
+    from rise_nemo.orchestration.rrl import make_step_hooks
+
+    config = level_config(args, late_from)
+    cfg0 = config("ppo", args.seeds[0])
+    task = chain_task(cfg0)
+    lf = task.cfg.late_from or 8
+    _, generator, _ = warm_started_backend(cfg0)
     train_levels = list(cfg0.data.task.train_levels)
     easy_problems = [p for p in task.heldout if p.difficulty == 1]
 
@@ -217,7 +248,8 @@ def run_level(args: argparse.Namespace, late_from: int | None) -> dict:
     easy: dict[str, list[float]] = {v: [] for v in args.variants}
     step_cpu: dict[str, list[float]] = {v: [] for v in args.variants}
     runs, reused_cpu = [], 0.0
-    spec = {k: v for k, v in vars(args).items() if k not in ("seeds", "late_from", "out", "resume_dir", "quick")}
+    spec = {k: v for k, v in vars(args).items()
+            if k not in ("seeds", "late_from", "out", "resume_dir", "quick", "workers", "measure_only")}
 
     def run_seed(seed: int) -> dict:
         train, heldout = seed_problems(task, seed, train_levels, int(cfg0.data.task.train_per_level), HELDOUT_LEVEL,
@@ -272,7 +304,7 @@ def run_level(args: argparse.Namespace, late_from: int | None) -> dict:
     for seed in args.seeds:
         got = resumable(args.resume_dir, f"{args.task}_lf{lf}_s{seed}", {**spec, "late_from": lf, "seed": seed},
                         lambda seed=seed: run_seed(seed))
-        if got.get("reused"):
+        if got.get("reused") and got.get("measured_at", 0.0) < started:  # else a --workers child measured it
             reused_cpu += got["cpu_s"]
             print(f"seed {seed}: measurements reused from {args.resume_dir}", flush=True)
         for v in ["warm_start", *args.variants]:

@@ -46,3 +46,25 @@ def test_resumable_reuses_a_seed_only_with_the_same_settings(tmp_path):
     assert resumable(str(tmp_path), "s0", {"steps": 4}, compute) == {**first, "reused": True}
     assert resumable(str(tmp_path), "s0", {"steps": 5}, compute)["x"] == 2  # other settings: measured again
     assert resumable(None, "s0", {"steps": 4}, compute)["x"] == 3 and len(calls) == 3
+
+
+def test_workers_get_their_share_of_the_seeds_and_the_rest_of_the_command_line(monkeypatch):
+    import subprocess
+
+    from bench._miniature import run_workers
+
+    started = []
+
+    class Proc:
+        def __init__(self, cmd):
+            started.append(cmd[2:])
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Proc)
+    run_workers("b.py", ["--seeds", "0", "1", "2", "--quick", "--workers", "3", "a=1", "--out", "F"], [0, 1, 2], 2,
+                ["--resume"])
+    assert started == [["--quick", "a=1", "--out", "F", "--seeds", "0", "2", "--workers", "1", "--measure-only",
+                        "--resume"],
+                       ["--quick", "a=1", "--out", "F", "--seeds", "1", "--workers", "1", "--measure-only", "--resume"]]
