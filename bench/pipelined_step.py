@@ -11,7 +11,7 @@ What runs (the NeMo-RL venv of `make test-nemo`, NeMo-RL v0.7.0 from $NEMO_RL_DI
   (rise_nemo.judges.rule_server, its own process) answering as a modelled LLM judge;
 - the step: rise_nemo's rubric step (RISE-RL, two-pass guidance) on the first ``--prompts`` HealthBench prompts of
   the sample shipped with the package (their real rubrics, 11.6 criteria on average), G = G' = ``--group-size``.
-  Both arms run exactly ``orchestration.step.collect_rollouts`` and build the training batch (training_samples,
+  Both arms run exactly ``steps.rubric.collect_rollouts`` and build the training batch (training_samples,
   build_batch); nothing is trained: the optimizer step waits for the whole batch in both, so it is the same call
   after either phase (and training would make the next repeat's samples differ between arms).
 
@@ -221,8 +221,8 @@ class JudgeServer:
 
 def build_context(generator, judge, args, pipelined: bool):
     from rise_nemo.config import config_from_dict
-    from rise_nemo.methods import get_method
-    from rise_nemo.orchestration import step as rubric
+    from rise_nemo.methods.registry import get_method
+    from rise_nemo.steps import rubric
 
     cfg = config_from_dict({
         "run": {"name": "bench-pipelined", "seed": args.seed}, "method": "rise",
@@ -239,7 +239,7 @@ def build_context(generator, judge, args, pipelined: bool):
 
 def run_arm(ctx, prompts, step: int):
     """One rollout phase and the training batch built from it: (phase, batch, wall seconds)."""
-    from rise_nemo.orchestration import step as rubric
+    from rise_nemo.steps import rubric
 
     plan = rubric.phase_plan(ctx, prompts, True)
     t0 = time.perf_counter()

@@ -25,7 +25,7 @@ from rise_nemo.judges import build_judge
 from rise_nemo.judges.client import JudgeFailureCapExceeded
 from rise_nemo.judges.rule import RuleJudge
 from rise_nemo.judges.rule_server import RuleGraderServer
-from rise_nemo.orchestration.trainer import Trainer, read_metrics, reproducible_metrics
+from rise_nemo.loop.trainer import Trainer, read_metrics, reproducible_metrics
 
 RUBRIC = Rubric((  # quoted phrases: what the rule grader server checks (the machine checks: the rule judge's)
     Criterion('Mentions "alpha"', 3.0, ("persistent",), MachineCheck("contains", "alpha")),
@@ -205,8 +205,8 @@ def test_hints_are_picked_while_other_prompts_are_still_judged(tiny_tokenizer, t
     hint is picked and its privileged request made while prompt 1's natural group is still unjudged. (The local
     generator then waits for prompt 1's decision to fill its first privileged chunk, as generate would batch them;
     NeMo-RL's vLLM engine starts the request at once.)"""
-    from rise_nemo.methods import get_method
-    from rise_nemo.orchestration import step as rubric
+    from rise_nemo.methods.registry import get_method
+    from rise_nemo.steps import rubric
 
     cfg = config_from_dict(tiny_task.recipe(tiny_tokenizer, tmp_path / "held", "rise"),
                            ["++local.generation_batch_size=5", "rise.pipeline=true", "rise.schedule.switch_step=9",

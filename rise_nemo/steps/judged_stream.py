@@ -1,0 +1,233 @@
+"""Generation and judging as one stream: every response goes to the judge as soon as it is generated, and the
+caller is told each time a group of responses is fully judged, so it can make new requests while the generator
+and the judge are still busy (the pipelined rubric step, docs/nemo_rl.md "The step's timeline").
+
+``JudgedStream`` knows nothing of a method. The caller opens generate calls (``call``), puts requests into their
+slots, each request's samples belonging to a group (``put(slot, request, group)``), and runs the stream with a
+callback for every group whose responses are all judged, until it says it is done. What comes back, per group, is
+the rollouts and verdicts the sequential stages would have produced:
+- generation: each call returns what ``Generator.generate`` returns for its put requests in slot order
+  (interfaces.RolloutStream); a generator that does not stream is called once per call, when all its slots are
+  known (``CallAtOnceStream``);
+- judging: the responses finished since the last judge call go in one call, to ``judge_async`` where the judge has
+  it (interfaces.AsyncJudge), else to ``judge`` in a worker thread; verdicts do not depend on which requests share a
+  call. A judge error (its failure cap, a stop request) or a generation error is raised from ``run``, the stream
+  closed: the caller fails as the sequential stages would;
+- a judge call outliving the judge's own ``timeout_s`` (RayJudge's bound on ``judge``) raises TimeoutError.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from rise_nemo.interfaces import (
+    AsyncJudge,
+    GenerationRequest,
+    Generator,
+    JudgeRequest,
+    OnRollout,
+    Rollout,
+    SamplingParams,
+    StreamingGenerator,
+    Verdict,
+)
+from rise_nemo.steps.rollouts import generate_requests
+
+POLL_S = 5.0  # how often a waiting stream looks at judge calls that may have outlived the judge's timeout
+
+
+def streams_natively(generator: Any) -> bool:
+    """True for a generator with its own stream (interfaces.StreamingGenerator, not switched off by ``streams``)."""
+    return isinstance(generator, StreamingGenerator) and bool(getattr(generator, "streams", True))
+
+
+class CallAtOnceStream:
+    """interfaces.RolloutStream over ``Generator.generate``: each call is ONE generate call, made (in a worker
+    thread, calls in order) once all its slots are known; the stream's caller keeps judging meanwhile."""
+
+    def __init__(self, generator: Generator, on_rollout: OnRollout):
+        self.generator, self.on_rollout = generator, on_rollout
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rise-generate")
+        self._closed = False
+
+    def call(self, tag: Hashable, slots: int, params: SamplingParams) -> _WholeCall:
+        return _WholeCall(self, tag, slots, params)
+
+    def _run(self, tag: Hashable, requests: list[tuple[int, GenerationRequest]], params: SamplingParams) -> None:
+        try:
+            groups = generate_requests(self.generator, [r for _, r in requests], params)
+        except BaseException as exc:  # reported per sample, as the streams do
+            for slot, request in requests:
+                for j in range(request.n):
+                    self._report(tag, slot, j, exc)
+            return
+        for (slot, _), group in zip(requests, groups):
+            for j, rollout in enumerate(group):
+                self._report(tag, slot, j, rollout)
+
+    def _report(self, tag, slot, j, item) -> None:
+        if not self._closed:
+            self.on_rollout(tag, slot, j, item)
+
+    def close(self) -> None:
+        self._closed = True
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+class _WholeCall:
+    def __init__(self, stream: CallAtOnceStream, tag: Hashable, slots: int, params: SamplingParams):
+        self.stream, self.tag, self.params = stream, tag, params
+        self._slots: list[Any] = [_UNKNOWN] * slots
+        self._lock = threading.Lock()
+
+    def put(self, slot: int, request: GenerationRequest) -> None:
+        self._fill(slot, request)
+
+    def skip(self, slot: int) -> None:
+        self._fill(slot, None)
+
+    def _fill(self, slot: int, value: GenerationRequest | None) -> None:
+        with self._lock:
+            if self._slots[slot] is not _UNKNOWN:
+                raise ValueError(f"call {self.tag!r}: slot {slot} was already filled")
+            self._slots[slot] = value
+            if any(v is _UNKNOWN for v in self._slots):
+                return
+            requests = [(i, r) for i, r in enumerate(self._slots) if r is not None]
+        if requests:
+            self.stream._executor.submit(self.stream._run, self.tag, requests, self.params)
+
+
+_UNKNOWN = object()
+
+
+class Group:
+    """The samples of one group and their verdicts, as they arrive."""
+
+    def __init__(self, size: int):
+        self.rollouts: list[Rollout | None] = [None] * size
+        self.verdicts: list[list[Verdict] | None] = [None] * size
+
+    @property
+    def judged(self) -> bool:
+        return all(v is not None for v in self.verdicts)
+
+
+class StreamCall:
+    """A generate call of a ``JudgedStream``: ``put(slot, request, group, first=0)`` makes the request's samples
+    the group's samples first .. first + n - 1; ``skip(slot)`` leaves a slot out."""
+
+    def __init__(self, stream: JudgedStream, tag: Hashable, handle: Any):
+        self._stream, self._tag, self._handle = stream, tag, handle
+
+    def put(self, slot: int, request: GenerationRequest, group: Hashable, first: int = 0) -> None:
+        self._stream._owners[(self._tag, slot)] = (group, first)
+        self._handle.put(slot, request)
+
+    def skip(self, slot: int) -> None:
+        self._handle.skip(slot)
+
+
+class JudgedStream:
+    """Module docstring. ``groups`` are declared with their sizes (``add_group``) before their samples arrive."""
+
+    def __init__(self, generator: Generator, judge: Any, judge_request: Callable[[Hashable, Rollout], JudgeRequest]):
+        self.judge, self.judge_request = judge, judge_request
+        self.groups: dict[Hashable, Group] = {}
+        self._events: queue.Queue = queue.Queue()
+        self._owners: dict[tuple[Hashable, int], tuple[Hashable, int]] = {}  # (call, slot) -> (group, first sample)
+        self._pending: list[tuple[Hashable, int, JudgeRequest]] = []
+        self._in_flight: dict[concurrent.futures.Future, float] = {}
+        self._executor = None if isinstance(judge, AsyncJudge) else concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="rise-judge")
+        self.judge_calls = 0
+        self._stream = (generator.open_stream(self._on_rollout) if streams_natively(generator)
+                        else CallAtOnceStream(generator, self._on_rollout))
+
+    def add_group(self, key: Hashable, size: int) -> None:
+        self.groups[key] = Group(size)
+
+    def call(self, tag: Hashable, slots: int, params: SamplingParams) -> StreamCall:
+        """A generate call (``tag``: unique in this stream) of ``slots`` requests."""
+        return StreamCall(self, tag, self._stream.call(tag, slots, params))
+
+    def _on_rollout(self, tag, slot, j, item) -> None:  # any thread
+        self._events.put(("rollout", tag, slot, j, item))
+
+    def run(self, on_judged: Callable[[Hashable], None], done: Callable[[], bool]) -> None:
+        """Judge what is generated, calling ``on_judged(group)`` once per fully judged group, until ``done()``."""
+        try:
+            while not done():
+                try:
+                    event = self._events.get(timeout=POLL_S)
+                except queue.Empty:
+                    self._check_timeouts()
+                    continue
+                judged = self._handle(event)
+                while True:  # everything that arrived meanwhile, then one judge call for the new responses
+                    try:
+                        judged += self._handle(self._events.get_nowait())
+                    except queue.Empty:
+                        break
+                self._flush()
+                for key in judged:
+                    on_judged(key)
+                self._flush()
+        finally:
+            self.close()
+
+    def _handle(self, event) -> list[Hashable]:
+        if event[0] == "rollout":
+            _, tag, slot, j, item = event
+            if isinstance(item, BaseException):
+                raise item
+            key, first = self._owners[(tag, slot)]
+            self.groups[key].rollouts[first + j] = item
+            self._pending.append((key, first + j, self.judge_request(key, item)))
+            return []
+        _, keys, future = event
+        self._in_flight.pop(future, None)
+        verdicts = future.result()  # raises the judge's error (failure cap, stop), as ``judge`` would
+        if len(verdicts) != len(keys):
+            raise RuntimeError(f"judge returned {len(verdicts)} verdict lists for {len(keys)} requests")
+        judged = []
+        for (key, j), row in zip(keys, verdicts):
+            group = self.groups[key]
+            group.verdicts[j] = list(row)
+            if group.judged:
+                judged.append(key)
+        return judged
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        keys = [(key, j) for key, j, _ in self._pending]
+        requests = [r for _, _, r in self._pending]
+        self._pending = []
+        if self._executor is None:
+            future = self.judge.judge_async(requests)
+        else:
+            future = self._executor.submit(self.judge.judge, requests)
+        self.judge_calls += 1
+        self._in_flight[future] = time.monotonic()
+        future.add_done_callback(lambda f, keys=keys: self._events.put(("verdicts", keys, f)))
+
+    def _check_timeouts(self) -> None:
+        timeout = getattr(self.judge, "timeout_s", None)
+        if timeout is None:
+            return
+        for started in self._in_flight.values():
+            if time.monotonic() - started > float(timeout):
+                raise TimeoutError(f"judge: a call has not returned in {float(timeout):g} s (the judge's timeout_s)")
+
+    def close(self) -> None:
+        self._stream.close()
+        for future in list(self._in_flight):
+            future.cancel()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
