@@ -2,7 +2,7 @@
 
 NeMo-RL v0.7.0 builds one vLLM ``SamplingParams`` per request without a seed
 (``BaseVllmGenerationWorker._build_sampling_params``, vllm_worker.py:491-517, called per sample by
-``VllmAsyncGenerationWorkerImpl.generate_async``, vllm_worker_async.py:1089-1093), so every sample draws from
+``VllmAsyncGenerationWorkerImpl.generate_async``, vllm_worker_async.py:1099-1103), so every sample draws from
 the engine's one random stream in whatever order vLLM's continuous batching schedules it: a request's sample
 then depends on what else is in flight and when. vLLM itself gives a request with ``SamplingParams.seed`` its
 own torch.Generator. This worker passes the seed the driver puts in the request's data (column ``SEED_KEY``,
@@ -11,7 +11,7 @@ one int: ``generate_async`` takes one sample per call, vllm_generation.py:756-76
 
 How the seed reaches ``_build_sampling_params``, which is not given the data: the first step of NeMo-RL's
 ``generate_async`` runs in a task whose context holds the seed (``contextvars``), and the task it creates for
-the sample (vllm_worker_async.py:1246-1248) inherits that context. No NeMo-RL code is copied.
+the sample (vllm_worker_async.py:1258-1260) inherits that context. No NeMo-RL code is copied.
 
 NeMo-RL picks its worker class by name (vllm_generation.py:188-194, through ``resolve_generation_worker_cls``,
 its seam for substituting a worker, utils.py:394-403, which its ModelOpt path uses);
@@ -26,8 +26,8 @@ import contextvars
 from typing import Any
 
 import ray
+from nemo_rl.distributed.worker_group_utils import get_nsight_config_if_pattern_matches
 from nemo_rl.models.generation.vllm.vllm_worker_async import VllmAsyncGenerationWorkerImpl
-from nemo_rl.utils.nsys import get_nsight_config_if_pattern_matches
 
 from rise_nemo.backends.nemo.seeding import SEED_KEY
 
