@@ -21,6 +21,7 @@ from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSessi
 from rise_nemo.config import config_from_dict  # noqa: E402
 from rise_nemo.core.problem import ReasoningProblem  # noqa: E402
 from rise_nemo.methods.registry import get_method  # noqa: E402
+from rise_nemo.steps.sft import SFTContext  # noqa: E402
 from rise_nemo.steps.reasoning import (  # noqa: E402
     ReasoningContext,
     make_hooks,  # noqa: E402
@@ -151,8 +152,8 @@ def test_sft_step_on_the_nemo_backend_pieces():
     cfg = config_from_dict(chain_recipe("sft", group_size=2, max_new_tokens=MAX_NEW), ["policy_loss.kl_coef=0"])
     problems = [ReasoningProblem(f"q{i}", ({"role": "user", "content": f"describe the {topic}"},), REFERENCE, "x", 1)
                 for i, topic in enumerate(("river", "sun", "moon"))]
-    ctx = ReasoningContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
-                           method=get_method("sft"), critic=None, pad_id=tok.pad_token_id)
+    ctx = SFTContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
+                     method=get_method("sft"), pad_id=tok.pad_token_id)
     before = policy.model.table.detach().clone()
     metrics = ctx.method.training_step().train_step(ctx, problems, 1)  # the SFT step (no sampling)
     assert policy.train_calls[0]["input_ids"].shape[0] == 32 and events.count("policy.get_logprobs") == 0
