@@ -21,12 +21,12 @@ from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSessi
 from rise_nemo.config import config_from_dict  # noqa: E402
 from rise_nemo.core.problem import ReasoningProblem  # noqa: E402
 from rise_nemo.methods.registry import get_method  # noqa: E402
-from rise_nemo.steps.sft import SFTContext  # noqa: E402
 from rise_nemo.steps.reasoning import (  # noqa: E402
     ReasoningContext,
     make_hooks,  # noqa: E402
     reasoning_train_step,
 )
+from rise_nemo.steps.sft import SFTContext  # noqa: E402
 
 torch.set_num_threads(1)
 MAX_NEW = 5
