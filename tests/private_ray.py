@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-ATTEMPTS = 3
+ATTEMPTS = 5  # a loaded 2-core machine missed the window 3 times in a row (make test-nemo beside make test)
 STARTUP_TIMEOUT = "timed out during startup"  # ray/_private/node.py's message for the 30 s wait
 HEAD_READY_S = 180  # hang guard for a `ray start` head to accept a driver
 
