@@ -62,6 +62,7 @@ def ray_private(tmp_path_factory):
     """A private Ray cluster of this process on 127.0.0.1 (address='local': never attaches to another one);
     its workers run the harness (PYTHONPATH: the generated sitecustomize, our code, NeMo-RL)."""
     import ray
+    from private_ray import init_local
 
     site = cpu_harness.write_worker_sitecustomize(tmp_path_factory.mktemp("worker_site"))
     old = dict(os.environ)
@@ -73,8 +74,7 @@ def ray_private(tmp_path_factory):
     )
     os.environ.pop("RAY_ADDRESS", None)
     previous = cpu_harness.patch_driver()
-    ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=4, include_dashboard=False,
-             log_to_driver=True)
+    init_local(num_cpus=4, log_to_driver=True)  # retried when the raylet misses Ray's start-up window
     try:
         yield
     finally:

@@ -14,7 +14,7 @@ full ``ValueConfig`` is derived from the policy block by ``rise_nemo.planner.cri
 model, layout, batch shape).
 
 Settings that live in rise_nemo's own blocks are written into the NeMo-RL tree here and must not be
-repeated under ``nemo:`` (two places for one value drift apart): see ``DERIVED``.
+repeated under ``nemo:`` (two places for one value drift apart): see ``keys.DERIVED_KEYS``.
 No NeMo-RL import: ``validate_nemo_block`` runs in CPU tests and in ``rise-nemo plan``.
 """
 
@@ -26,37 +26,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rise_nemo.backends.nemo.keys import ALGORITHMS, NEMO_DISTILLATION, NEMO_GRPO
 from rise_nemo.recipe_keys import RecipeKeyError, get
 
 OUR_KEYS = ("base", "adapter", "plan", "algorithm")
-# NeMo-RL's entry points (``nemo.algorithm``): its GRPO loop (every RL method here) or its distillation loop (opd).
-NEMO_GRPO, NEMO_DISTILLATION = "grpo", "distillation"
-ALGORITHMS = (NEMO_GRPO, NEMO_DISTILLATION)
 IS_MODES = ("none", "behaviour_ratio")
 DEFAULT_NEMO_RL_DIR = "/opt/nemo-rl"  # where the NeMo-RL container keeps its checkout
 
-# NeMo-RL key (under nemo:) -> the rise_nemo key it is derived from.
-DERIVED: dict[str, str] = {
-    "policy.generation.temperature": "sampling.temperature",
-    "policy.generation.top_p": "sampling.top_p",
-    "policy.generation.max_new_tokens": "sampling.max_new_tokens",
-    "grpo.num_prompts_per_step": "sampling.prompts_per_step",
-    "grpo.num_generations_per_prompt": "sampling.group_size",
-    "grpo.seed": "run.seed",
-    "grpo.max_num_steps": "train.steps",
-    "grpo.max_num_epochs": "train.steps",
-    # evaluation is rise_nemo's (the eval: block); NeMo-RL's validation loop never runs (grpo.setup gets no
-    # validation set and asserts when any of these is on)
-    "grpo.val_period": "eval.every",
-    "grpo.val_at_start": "eval.at_start",
-    "grpo.val_at_end": "eval.every",
-    "loss_fn.reference_policy_kl_penalty": "policy_loss.kl_coef",
-    "grpo.skip_reference_policy_logprobs_calculation": "policy_loss.kl_coef",
-    "checkpointing.enabled": "train.checkpoint_every",
-    "checkpointing.save_period": "train.checkpoint_every",
-    "checkpointing.keep_top_k": "train.keep_checkpoints",
-    "checkpointing.metric_name": "train.keep_checkpoints",
-}
 
 
 class NemoConfigError(ValueError):
@@ -100,9 +76,14 @@ def validate_nemo_block(recipe: Mapping[str, Any]) -> None:
     mode = get(recipe, "nemo.adapter.importance_sampling", "none")
     if mode not in IS_MODES:
         raise NemoConfigError(f"recipe key nemo.adapter.importance_sampling: {mode!r} is not one of {IS_MODES}")
-    for key, ours in DERIVED.items():
-        if _has(nemo, key):
-            raise NemoConfigError(f"recipe key nemo.{key} is set from {ours}; set it there, not under nemo:")
+    from rise_nemo.backends.nemo.keys import leaves, refusal
+    from rise_nemo.backends.nemo.placement import has_critic
+
+    critic = has_critic(recipe)
+    for key in leaves({k: v for k, v in nemo.items() if k not in OUR_KEYS}):
+        message = refusal(algo, key, has_critic=critic)
+        if message is not None:
+            raise NemoConfigError(message)
     try:
         for key in ("nemo.policy.model_name", "nemo.cluster.num_nodes", "nemo.cluster.gpus_per_node",
                     "nemo.policy.max_total_sequence_length", "nemo.policy.train_micro_batch_size"):
@@ -125,6 +106,25 @@ def validate_nemo_block(recipe: Mapping[str, Any]) -> None:
                               "supported by the nemo backend yet; use auto")
     if algo == NEMO_DISTILLATION and get(recipe, "nemo.teacher", None) is None:
         raise NemoConfigError("recipe key nemo.teacher is missing (distillation needs a teacher policy)")
+    check_critic_layout(recipe)
+
+
+def check_critic_layout(recipe: Mapping[str, Any]) -> None:
+    """A method with a critic (PPO, RRL) trains its value model colocated with the policy and vLLM, as NeMo-RL's
+    PPO does: it needs the ``nemo.value`` block and colocated generation (NeMo-RL's ppo.setup asserts it,
+    ppo.py:371-375: "Non-colocated PPO is not yet supported")."""
+    from rise_nemo.backends.nemo.placement import has_critic
+
+    if not has_critic(recipe):
+        return
+    method = recipe.get("method")
+    if get(recipe, "nemo.value", None) is None:
+        raise NemoConfigError(f"recipe key nemo.value is missing: method {method!r} trains a value model, configured "
+                              "there (see recipes/ppo_math_7b.yaml)")
+    if not bool(get(recipe, "nemo.policy.generation.colocated.enabled", True)):
+        raise NemoConfigError(f"recipe key nemo.policy.generation.colocated.enabled: false, but method {method!r} "
+                              "trains a value model, which shares the GPUs with the policy and colocated vLLM as in "
+                              "NeMo-RL's PPO (non-colocated PPO is not supported there); set it to true")
 
 
 def derived_values(recipe: Mapping[str, Any], run_dir: str) -> dict[str, Any]:
@@ -152,11 +152,23 @@ def derived_values(recipe: Mapping[str, Any], run_dir: str) -> dict[str, Any]:
             "grpo.val_at_end": False,
             "loss_fn.reference_policy_kl_penalty": kl,
             "grpo.skip_reference_policy_logprobs_calculation": kl == 0.0,
+            "loss_fn.ratio_clip_min": float(get(recipe, "policy_loss.clip_low", 0.2)),
+            "loss_fn.ratio_clip_max": float(get(recipe, "policy_loss.clip_high", 0.2)),
+            "loss_fn.use_importance_sampling_correction":
+                get(recipe, "nemo.adapter.importance_sampling", "none") == "behaviour_ratio",
+            **{key: False for key in ("logger.wandb_enabled", "logger.tensorboard_enabled", "logger.mlflow_enabled",
+                                      "logger.swanlab_enabled", "logger.monitor_gpus")},
         })
     else:
         out.update({
             "distillation.seed": int(get(recipe, "run.seed", 0)),
             "distillation.max_num_steps": int(get(recipe, "train.steps")),
+            # NeMo-RL's distillation loop ends after max_num_epochs passes over its dataloader whatever
+            # max_num_steps says (distillation.py:717) and sizes the LR schedule as min(max_num_steps,
+            # max_num_epochs x batches per epoch) (:571-576). Every epoch has at least one batch (nemo_dataset
+            # repeats a short prompt set to one full batch), so train.steps epochs never bind before train.steps
+            # steps: the run ends at train.steps, with the schedule sized for it.
+            "distillation.max_num_epochs": max(1, int(get(recipe, "train.steps"))),
         })
     out.update(checkpointing_values(recipe))
     return out
