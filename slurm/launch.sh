@@ -76,7 +76,9 @@ GPUS_PER_NODE=${GPUS_PER_NODE##*:} # --gpus-per-node=h200:8 gives SLURM_GPUS_PER
 CONTAINER=${CONTAINER:-}
 MOUNTS=${MOUNTS:-}
 # Ray's own ports, all below the Linux ephemeral range (32768+) so they never collide with outgoing
-# connections; the worker-port range is NeMo-RL's default size.
+# connections, and clear of every other port a node uses (one table: rise_nemo/ports.py, docs/slurm.md
+# "Ports"): the worker-port range (NeMo-RL ray.sub's size) sits above NeMo-RL's rendezvous range (25000-27999)
+# and away from vLLM's (20001 + 100 per engine), which the old 20000-20512 overlapped.
 RAY_NODE_MANAGER_PORT=${RAY_NODE_MANAGER_PORT:-6800}
 RAY_OBJECT_MANAGER_PORT=${RAY_OBJECT_MANAGER_PORT:-6801}
 RAY_DASHBOARD_AGENT_LISTEN_PORT=${RAY_DASHBOARD_AGENT_LISTEN_PORT:-6802}
@@ -86,8 +88,8 @@ RAY_METRICS_EXPORT_PORT=${RAY_METRICS_EXPORT_PORT:-6805}
 RAY_DASHBOARD_PORT=${RAY_DASHBOARD_PORT:-8265}
 RAY_INCLUDE_DASHBOARD=${RAY_INCLUDE_DASHBOARD:-true}
 RAY_CLIENT_SERVER_PORT=${RAY_CLIENT_SERVER_PORT:-10001}
-RAY_MIN_WORKER_PORT=${RAY_MIN_WORKER_PORT:-20000}
-RAY_MAX_WORKER_PORT=${RAY_MAX_WORKER_PORT:-20512}
+RAY_MIN_WORKER_PORT=${RAY_MIN_WORKER_PORT:-29001}
+RAY_MAX_WORKER_PORT=${RAY_MAX_WORKER_PORT:-29512}
 
 DRY_NODES=""
 OVERRIDES=()
