@@ -5,7 +5,9 @@ optimizer shard, activations, logits; vLLM asleep) and **generation** (vLLM awak
 policy weights and optimizer offloaded to host, as NeMo-RL's ``offload_before_refit`` /
 ``offload_after_refit`` do). Distillation adds a **teacher** phase (teacher forward only); PPO-style
 methods add a **critic** phase (the value model, a second full model with its own optimizer, in training). A judge runs on
-its own nodes. The peak of each phase must fit the GPU.
+its own nodes. The peak of each phase must fit the GPU. Each colocated worker group has one process per GPU
+(NeMo-RL's placement, rise_nemo.backends.nemo.placement): in every phase, the processes of the groups that are
+not working keep their CUDA context and NCCL buffers there (``idle_process_terms``, an estimate).
 
 Byte counts (per parameter on a rank, after dividing the stage's parameters by TP):
 - weights: bf16 2 B; FP8 training with bf16 params keeps an extra FP8 copy (+1 B, TE's cast cache);
@@ -35,9 +37,16 @@ from rise_nemo.planner.models import ModelShape
 from rise_nemo.recipe_keys import get
 
 GIB = 1024**3
-RUNTIME_OVERHEAD_GIB = 4.0  # CUDA context, NCCL buffers, allocator fragmentation of one training process
-VLLM_ASLEEP_GIB = 1.0  # a sleeping colocated vLLM engine keeps its CUDA context
+RUNTIME_OVERHEAD_GIB = 4.0  # CUDA context, NCCL buffers, allocator fragmentation of the process that works
+# Every colocated worker process on a GPU keeps its CUDA context and NCCL communicator buffers while another
+# group works there (1-3 GiB each, depending on the number of communicators): an estimate, not a measurement.
+IDLE_PROCESS_GIB = 2.0
 VLLM_WORKSPACE_GIB = 2.0  # vLLM's activation workspace / CUDA graphs inside its pool
+
+# The worker process of each colocated group on a training GPU, and the phase in which it is the one working.
+POLICY_PROCESS, VLLM_PROCESS, VALUE_PROCESS, TEACHER_PROCESS = "policy", "vLLM", "value model", "teacher"
+WORKING = {"training": POLICY_PROCESS, "generation": VLLM_PROCESS, "critic": VALUE_PROCESS,
+           "teacher": TEACHER_PROCESS}
 
 
 @dataclass(frozen=True)
@@ -148,12 +157,14 @@ def vllm_pool_terms(gen: GenerationLayout, model: ModelShape, gpu_mem_gib: float
 
 
 def generation_terms(gen: GenerationLayout, model: ModelShape, gpu_mem_gib: float) -> tuple[list[Term], float]:
-    phase = "generation"
-    terms, seqs = vllm_pool_terms(gen, model, gpu_mem_gib, phase)
-    if gen.colocated:
-        # Policy weights and optimizer are offloaded to host during generation; its process stays.
-        terms.append(Term(phase, "policy process (offloaded)", RUNTIME_OVERHEAD_GIB))
-    return terms, seqs
+    return vllm_pool_terms(gen, model, gpu_mem_gib, "generation")
+
+
+def idle_process_terms(phase: str, processes: list[str]) -> list[Term]:
+    """The colocated worker processes that do not work in ``phase``: their weights and optimizer are offloaded
+    (vLLM asleep), but each keeps its CUDA context and NCCL buffers on the GPU (``IDLE_PROCESS_GIB``, estimate)."""
+    return [Term(phase, f"{p} process idle: CUDA context + NCCL buffers (estimate)", IDLE_PROCESS_GIB)
+            for p in processes if p != WORKING.get(phase)]
 
 
 def teacher_terms(tree: Mapping[str, Any], teacher: PolicyLayout, student: PolicyLayout) -> list[Term]:

@@ -71,14 +71,16 @@ def plan_recipe(
     note = padding_note(tree)
     if note is not None:
         report.notes.append(note)
+    processes = colocated_processes(layout)
     report.terms += memory.training_terms(tree, layout.policy)
+    report.terms += memory.idle_process_terms("training", processes)
     gen = layout.generation
     if gen is not None:
         gen_terms, seqs = memory.generation_terms(gen, layout.policy.model, gpu_mem_gib)
         report.kv_sequences = seqs
-        if gen.colocated:
-            report.terms.append(memory.Term("training", "vLLM asleep (colocated)", memory.VLLM_ASLEEP_GIB))
         report.terms += gen_terms
+        if gen.colocated:
+            report.terms += memory.idle_process_terms("generation", processes)
         if seqs < 1:
             report.issues.append(PlanIssue(
                 "nemo.policy.generation.vllm_cfg.gpu_memory_utilization",
@@ -86,10 +88,10 @@ def plan_recipe(
             ))
     if layout.teacher is not None:
         report.terms += memory.teacher_terms(tree, layout.teacher, layout.policy)
+        report.terms += memory.idle_process_terms("teacher", [p for p in processes if p != memory.POLICY_PROCESS])
     if layout.critic is not None:
         report.terms += memory.critic_terms(layout.value_tree, layout.critic)
-        if gen is not None and gen.colocated:
-            report.terms.append(memory.Term("critic", "vLLM asleep (colocated)", memory.VLLM_ASLEEP_GIB))
+        report.terms += memory.idle_process_terms("critic", processes)
     if layout.judge is not None:
         judge_terms, judge_seqs = memory.judge_terms(layout.judge, gpu_mem_gib)
         report.terms += judge_terms
@@ -106,6 +108,19 @@ def plan_recipe(
                 f"{top.label} {top.gib:.1f} GiB",
             ))
     return report
+
+
+def colocated_processes(layout: RecipeLayout) -> list[str]:
+    """The worker processes sharing each training GPU, one per colocated worker group (NeMo-RL gives each
+    ``1 / groups`` of the GPU in Ray: rise_nemo.backends.nemo.placement)."""
+    out = [memory.POLICY_PROCESS]
+    if layout.generation is not None and layout.generation.colocated:
+        out.append(memory.VLLM_PROCESS)
+    if layout.critic is not None:
+        out.append(memory.VALUE_PROCESS)
+    if layout.teacher is not None:
+        out.append(memory.TEACHER_PROCESS)
+    return out
 
 
 def _fix_key(phase: str, term: memory.Term) -> str:
@@ -146,7 +161,12 @@ def describe_layout(layout: RecipeLayout) -> list[str]:
     c = layout.critic
     if c is not None:
         lines.append(f"critic (value model): {c.model.name}, TP {c.tp} x PP {c.pp} x CP {c.cp} x DP {c.dp}, "
-                     "colocated (time-shared with the policy), own optimizer")
+                     f"own optimizer; one worker on each of the {c.world} training GPUs, trained while the policy "
+                     "and vLLM are offloaded")
+    processes = colocated_processes(layout)
+    if len(processes) > 1:
+        lines.append(f"on each training GPU: {' + '.join(processes)} ({len(processes)} worker processes, "
+                     f"1/{len(processes)} GPU each in Ray)")
     j = layout.judge
     if j is not None:
         lines.append(f"judge: {j.model.name}, {j.servers} vLLM server(s) of TP {j.tp} on {j.nodes} node(s)")

@@ -256,13 +256,42 @@ def test_cli_errors_name_the_recipe_once(capsys):
 def test_critic_phase_is_the_value_model_alone():
     """The nemo backend offloads the policy (weights, grads, optimizer) before the value model
     loads, as NeMo-RL's ppo.py does (rise_nemo.backends.nemo.runtime.NemoSession.offload_policy), so the
-    planner's critic phase is the value model's training state plus vLLM asleep: no policy term."""
+    planner's critic phase is the value model's training state plus the idle processes of the policy and vLLM
+    (CUDA context + NCCL buffers): no policy weights."""
     from rise_nemo.backends.nemo import plain_recipe
     from rise_nemo.config.loader import load_config
     from rise_nemo.planner import memory
 
     report = plan_recipe(plain_recipe(load_config(REPO / "recipes" / "ppo_math_7b.yaml")))
     critic = [t for t in report.terms if t.phase == "critic"]
-    assert critic and not [t for t in critic if "policy" in t.label], [t.label for t in critic]
-    assert [t.label for t in critic][-1] == "vLLM asleep (colocated)"
-    assert report.phase_total("critic") == pytest.approx(sum(t.gib for t in critic[:-1]) + memory.VLLM_ASLEEP_GIB)
+    idle = [t for t in critic if "idle" in t.label]
+    assert [t.label.split(" process")[0] for t in idle] == ["policy", "vLLM"]
+    assert not [t for t in critic if t.label.startswith("policy") and t not in idle], [t.label for t in critic]
+    assert report.phase_total("critic") == pytest.approx(
+        sum(t.gib for t in critic if t not in idle) + 2 * memory.IDLE_PROCESS_GIB)
+
+
+@pytest.mark.parametrize("recipe, processes", [
+    ("ppo_math_7b", ["policy", "vLLM", "value model"]),
+    ("rise_14b", ["policy", "vLLM"]),
+    ("opd_14b_teacher32b", ["policy", "vLLM", "teacher"]),
+])
+def test_every_phase_counts_the_other_colocated_processes(recipe, processes):
+    """Each GPU of a colocated layout holds one worker process per group (NeMo-RL's placement); in every phase
+    the processes that are not working keep their CUDA context and NCCL buffers there (an estimate)."""
+    from rise_nemo.backends.nemo import plain_recipe
+    from rise_nemo.config.loader import load_config
+    from rise_nemo.planner import format_report
+    from rise_nemo.planner.report import colocated_processes
+
+    report = plan_recipe(plain_recipe(load_config(REPO / "recipes" / f"{recipe}.yaml")))
+    assert colocated_processes(report.layout) == processes
+    for phase in ("training", "generation"):
+        idle = sorted(t.label.split(" process")[0] for t in report.terms if t.phase == phase and "idle" in t.label)
+        working = "policy" if phase == "training" else "vLLM"
+        assert idle == sorted(p for p in processes if p != working), (phase, idle)
+    text = format_report(report)
+    assert f"on each training GPU: {' + '.join(processes)} ({len(processes)} worker processes" in text
+    assert "(estimate)" in text
+    if "value model" in processes:
+        assert "critic (value model): qwen2.5-math-7b" in text and "one worker on each of the 8 training GPUs" in text
