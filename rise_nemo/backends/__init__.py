@@ -21,9 +21,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rise_nemo.interfaces import Critic, Generator, Policy
+if TYPE_CHECKING:  # annotations only: `rise-nemo plan` validates nemo: blocks here without importing torch
+    from rise_nemo.interfaces import Critic, Generator, Policy
 
 BACKEND_MODULES: dict[str, str] = {
     "local": "rise_nemo.backends.local",

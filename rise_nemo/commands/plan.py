@@ -53,11 +53,16 @@ def refuse_unplannable(cfg: Any) -> None:
     ``nemo.cluster.num_nodes`` (as the launcher sets it) implies; used by `rise-nemo train`."""
     from omegaconf import OmegaConf
 
+    from rise_nemo.backends.nemo.config import NemoConfigError, validate_nemo_block
     from rise_nemo.errors import UserError
     from rise_nemo.planner import ModelShapeError, RecipeKeyError, plan_recipe
     from rise_nemo.planner.layout import nodes_from_cluster
 
     tree = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        validate_nemo_block(tree)
+    except NemoConfigError as exc:
+        raise UserError(str(exc)) from None
     try:
         report = plan_recipe(tree, nodes=nodes_from_cluster(tree))
     except (RecipeKeyError, ModelShapeError, ValueError) as exc:
@@ -76,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
         if args.skip_non_nemo and tree.get("backend") != "nemo":
             print(f"plan: {path.stem}: backend {tree.get('backend')} (not NeMo-RL): no layout to check")
             return 0
+        if tree.get("backend") == "nemo":
+            from rise_nemo.backends.nemo.config import validate_nemo_block
+
+            validate_nemo_block(tree)  # a refused nemo: key (rise_nemo.backends.nemo.keys) is named, exit 2
         nodes = args.nodes
         if args.train_nodes is not None:
             from rise_nemo.planner.layout import nodes_from_cluster

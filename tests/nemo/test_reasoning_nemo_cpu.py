@@ -226,8 +226,13 @@ def test_build_critic_places_the_value_model_from_the_recipe_and_resumes_it(tmp_
     import rise_nemo.backends.nemo as nemo_backend
     from rise_nemo.backends.nemo.config import NemoConfigError
 
+    from types import SimpleNamespace
+
+    from rise_nemo.backends.nemo.placement import NemoPlacementError
+
     session, _, policy, _, value, tok = make()
-    session.train_cluster = "train-cluster"
+    cluster = SimpleNamespace(name="grpo_policy_cluster", max_colocated_worker_groups=3)  # as build_backend builds it
+    session.train_cluster = cluster
     built = []
 
     def fake_build_value(cluster, tokenizer, config, resume_dir, policy=None):
@@ -238,14 +243,22 @@ def test_build_critic_places_the_value_model_from_the_recipe_and_resumes_it(tmp_
     recipe = {"backend": "nemo", "method": "ppo", "nemo": {"value": {"megatron_cfg": {"optimizer": {"lr": 2e-6}}}}}
     (tmp_path / "step_000004" / "critic" / "weights").mkdir(parents=True)
     fresh = nemo_backend.build_critic(recipe, policy)
+    assert session.colocated_groups == 3  # policy, vLLM and now the value model
+    session.colocated_groups = 2  # a run builds its critic once: the resumed one stands for a second run
     resumed = nemo_backend.build_critic(recipe, policy, checkpoint=tmp_path / "step_000004")
     assert isinstance(fresh, Critic) and isinstance(resumed, NemoCritic)
-    assert [b[0] for b in built] == ["train-cluster"] * 2 and built[0][1] is tok and built[0][4] is session.policy
+    assert [b[0] for b in built] == [cluster] * 2 and built[0][1] is tok and built[0][4] is session.policy
     assert built[0][2]["megatron_cfg"]["optimizer"]["lr"] == 2e-6
     assert built[0][3] is None and built[1][3] == tmp_path / "step_000004" / "critic"
     resumed.load_checkpoint(tmp_path / "step_000004" / "critic")  # the hook accepts the dir it was built from
     with pytest.raises(NemoConfigError, match="nemo.value block"):
         nemo_backend.build_critic({"backend": "nemo", "method": "ppo", "nemo": {}}, policy)
+    # grpo.setup's own cluster, built for the policy and vLLM: the value model would wait for a GPU share for ever
+    session.train_cluster = SimpleNamespace(name="grpo_policy_cluster", max_colocated_worker_groups=2)
+    session.colocated_groups = 2
+    with pytest.raises(NemoPlacementError, match="built for 2 colocated worker group.*holds 2"):
+        nemo_backend.build_critic(recipe, policy)
+    assert len(built) == 2  # refused before NeMo-RL was asked
 
 
 def test_critic_lr_schedule_advances_one_iteration_per_step():

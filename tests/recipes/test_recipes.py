@@ -4,6 +4,7 @@ documented node count; deliberately broken copies fail with a message naming the
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,93 @@ def test_derived_values_are_written_into_nemo_tree(tmp_path):
     # has val_period 10, and grpo.setup, given no validation set, asserts; every recipe that did not repeat
     # these three keys failed before NeMo-RL started)
     assert (tree["grpo"]["val_period"], tree["grpo"]["val_at_start"], tree["grpo"]["val_at_end"]) == (0, False, False)
+
+
+@pytest.mark.parametrize("name, prompts", [("opd_14b_teacher32b.yaml", 600), ("opd_14b_teacher32b.yaml", 5000),
+                                           ("opd_4b_teacher14b.yaml", 512)])
+def test_opd_runs_train_steps_whatever_the_prompt_count(name, prompts, tmp_path):
+    """NeMo-RL's distillation loop runs while total_steps < max_num_steps AND current_epoch < max_num_epochs
+    (distillation.py:717), an epoch being floor(prompts / num_prompts_per_step) batches (drop_last), and sizes
+    the LR schedule as min(max_num_steps, max_num_epochs x batches) (:571-576). Its base config's
+    max_num_epochs: 10 used to end opd_14b_teacher32b (512 prompts per step, 50 steps) after 10 steps for
+    1,023 prompts or fewer, with the schedule sized for 10; the derived epoch limit lets train.steps bind."""
+    t = load(name)
+    tree = nemo_overrides(t, str(tmp_path))
+    steps, per_step = t["train"]["steps"], t["nemo"]["distillation"]["num_prompts_per_step"]
+    batches = max(1, prompts // per_step)  # nemo_dataset repeats a short prompt set to one full batch
+    dist = tree["distillation"]
+    assert dist["max_num_steps"] == steps
+    assert min(dist["max_num_steps"], dist["max_num_epochs"] * batches) == steps
+    for key in ("max_num_epochs", "max_num_steps", "seed"):
+        with pytest.raises(NemoConfigError, match=rf"nemo\.distillation\.{key} is set from"):
+            validate_nemo_block(_broken(name, lambda t, k=key: t["nemo"]["distillation"].__setitem__(k, 10)))
+
+
+def _set(tree: dict, dotted: str, value) -> None:
+    node = tree
+    for part in dotted.split(".")[:-1]:
+        node = node.setdefault(part, {})
+    node[dotted.rsplit(".", 1)[-1]] = value
+
+
+@pytest.mark.parametrize("recipe, key, fragment", [
+    # NeMo-RL's ClippedPGLossFn is built by grpo.setup but never called: our policy_loss: trains
+    ("rise_14b.yaml", "loss_fn.ratio_clip_max", "nemo.loss_fn.ratio_clip_max is set from policy_loss.clip_high"),
+    ("rise_14b.yaml", "loss_fn.use_importance_sampling_correction",
+     "is set from nemo.adapter.importance_sampling"),
+    ("rise_14b.yaml", "loss_fn.token_level_loss", "nemo.loss_fn.token_level_loss is not used on backend nemo"),
+    ("rise_14b.yaml", "grpo.normalize_rewards", "nemo.grpo.normalize_rewards is not used on backend nemo"),
+    ("rise_14b.yaml", "logger.wandb_enabled", "is set from train.tensorboard / train.wandb"),
+    ("rise_14b.yaml", "logger.wandb.project", "nemo.logger.wandb.project is not used on backend nemo"),
+    ("rise_14b.yaml", "data.shuffle", "prompts come from the recipe's data: block"),
+    ("rise_14b.yaml", "env.math.num_workers", "rewards come from the recipe's judge"),
+    ("rise_14b.yaml", "checkpointing.model_save_format", "rise_nemo writes <run dir>/checkpoints itself"),
+    ("rise_14b.yaml", "value.megatron_cfg.optimizer.lr", "only a method with a critic (ppo, rrl)"),
+    ("rise_14b.yaml", "teacher.model_name", "only a distillation recipe"),
+    ("rise_14b.yaml", "no_such_block.x", "nemo.no_such_block.x is not used on backend nemo"),
+    ("opd_14b_teacher32b.yaml", "data.shuffle", "prompts come from the recipe's data: block"),
+    ("opd_14b_teacher32b.yaml", "logger.log_dir", "nemo.logger.log_dir is set from run.dir"),
+])
+def test_nemo_keys_nothing_reads_are_refused(recipe, key, fragment):
+    """Every key under nemo: is read by a NeMo-RL component the backend builds, derived from ours, or refused
+    naming the key (rise_nemo.backends.nemo.keys). rise_14b.yaml repeated loss_fn.ratio_clip_* "kept consistent":
+    editing them changed nothing (policy_loss.clip_high trains) and `rise-nemo plan` said OK."""
+    with pytest.raises(NemoConfigError, match=re.escape(fragment)):
+        validate_nemo_block(_broken(recipe, lambda t: _set(t["nemo"], key, 1)))
+
+
+@pytest.mark.parametrize("recipe, key", [("opd_14b_teacher32b.yaml", "logger.wandb_enabled"),
+                                         ("opd_14b_teacher32b.yaml", "loss_fn.kl_type"),
+                                         ("rise_14b.yaml", "policy.generation.vllm_cfg.gpu_memory_utilization"),
+                                         ("ppo_math_7b.yaml", "value.megatron_cfg.optimizer.lr"),
+                                         ("rise_14b.yaml", "cluster.master_port_range_low")])
+def test_nemo_keys_a_component_reads_pass(recipe, key):
+    validate_nemo_block(_broken(recipe, lambda t: _set(t["nemo"], key, 1)))
+
+
+def test_plan_refuses_a_key_nothing_reads_in_one_line():
+    import contextlib
+    import io
+
+    from rise_nemo.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["plan", "rise_14b", "++nemo.loss_fn.ratio_clip_max=0.35"])
+    assert rc == 2
+    assert err.getvalue().strip().splitlines() == [
+        "rise-nemo plan: rise_14b: recipe key nemo.loss_fn.ratio_clip_max is set from policy_loss.clip_high; "
+        "set it there, not under nemo:"]
+
+
+@pytest.mark.parametrize("mutate, fragment", [
+    (lambda t: t["nemo"].__delitem__("value"), "nemo.value is missing: method 'ppo' trains a value model"),
+    (lambda t: t["nemo"]["policy"]["generation"]["colocated"].__setitem__("enabled", False),
+     "nemo.policy.generation.colocated.enabled: false, but method 'ppo' trains a value model"),
+])
+def test_critic_layout_is_refused_naming_the_key(mutate, fragment):
+    with pytest.raises(NemoConfigError, match=fragment.replace(".", r"\.").replace("(", r"\(")):
+        validate_nemo_block(_broken("ppo_math_7b.yaml", mutate))
 
 
 def _broken(name: str, mutate) -> dict:

@@ -136,12 +136,32 @@ def build_critic(cfg: Any, policy: Any, *, checkpoint: str | Path | None = None)
                               "nemo.value block (see recipes/ppo_math_7b.yaml)")
     from rise_nemo.backends.nemo.checkpoints import model_dir
     from rise_nemo.backends.nemo.critic import NemoCritic, build_value, value_config
+    from rise_nemo.backends.nemo.placement import check_room, layout_line, placement_errors
 
     session = policy.session
     config = value_config(session.config["policy"], overrides)
     resume = model_dir(checkpoint, "critic")
-    value = build_value(session.train_cluster, session.tokenizer, config, resume, policy=session.policy)
+    layout = layout_line(recipe)
+    # the value model is one more colocated worker group on the policy's cluster (placement.colocated_groups)
+    check_room(session.train_cluster, session.colocated_groups, "value model", layout)
+    with placement_errors(layout):
+        value = build_value(session.train_cluster, session.tokenizer, config, resume, policy=session.policy)
+    session.colocated_groups += 1
     return NemoCritic(session, value, config, resumed_from=resume)
+
+
+_WATCHDOG: list[Any] = []  # the placement watchdog of this process (one for every build_* call)
+
+
+def watch_placement(recipe: Mapping[str, Any]) -> None:
+    """From here on (Ray initialised), a Ray actor of this run that waits longer than
+    ``nemo.adapter.placement_timeout_s`` for its resources ends the run with one line (placement.PlacementWatchdog)."""
+    from rise_nemo.backends.nemo.placement import start_watchdog
+
+    if not _WATCHDOG:
+        watchdog = start_watchdog(recipe)
+        if watchdog is not None:
+            _WATCHDOG.append(watchdog)
 
 
 def _import_nemo_rl():
@@ -180,21 +200,40 @@ def build_backend(cfg: Any, *, checkpoint: str | Path | None = None, train_promp
     from nemo_rl.models.policy.lm_policy import Policy
 
     from rise_nemo.backends.nemo.checkpoints import policy_dir
+    from rise_nemo.backends.nemo.placement import (
+        CRITIC_COLOCATED_GROUPS,
+        NemoPlacementError,
+        colocated_groups,
+        has_critic,
+        layout_line,
+        placement_errors,
+    )
     from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession
 
     master = grpo.MasterConfig(**build_master_config(recipe, run_dir_of(recipe)))
     init_ray()
+    watch_placement(recipe)
     tokenizer = get_tokenizer(master.policy["tokenizer"])
     master.policy["generation"] = configure_generation_config(master.policy["generation"], tokenizer)
     chat_kwargs = master.policy["tokenizer"].get("chat_template_kwargs") or {}
     dataset = nemo_dataset(list(train_prompts or []), partial(encode_chat, tokenizer, chat_template_kwargs=chat_kwargs),
                            int(recipe["sampling"]["prompts_per_step"]))
     resume = policy_dir(checkpoint)
-    out = grpo.setup(master, tokenizer, dataset, None, policy_factory=partial(_policy_with_resume, Policy, resume))
+    # A method with a critic gets the cluster NeMo-RL's PPO builds: room for a third colocated group, the value
+    # model (rise_nemo.backends.nemo.placement).
+    groups = CRITIC_COLOCATED_GROUPS if has_critic(recipe) else None
+    layout = layout_line(recipe)
+    with placement_errors(layout), colocated_groups(grpo, groups):
+        out = grpo.setup(master, tokenizer, dataset, None, policy_factory=partial(_policy_with_resume, Policy, resume))
     policy, generation, master = out[0], out[1], out[10]
+    train_cluster = out[3][0]
+    if groups is not None and train_cluster.max_colocated_worker_groups != groups:
+        raise NemoPlacementError(f"NeMo-RL's grpo.setup built {train_cluster.name!r} for "
+                                 f"{train_cluster.max_colocated_worker_groups} colocated worker group(s), not the "
+                                 f"{groups} a critic needs ({layout})")
     session = NemoSession(policy, generation, tokenizer, {"policy": master.policy}, refit=grpo.refit_policy_generation)
     session.resumed_from = resume
-    session.train_cluster = out[3][0]
+    session.train_cluster = train_cluster
     behaviour = (recipe["nemo"].get("adapter") or {}).get("importance_sampling", "none") == "behaviour_ratio"
     return NemoPolicy(session, behaviour_ratio=behaviour), NemoGenerator(session)
 
@@ -219,12 +258,14 @@ def build_student(recipe: Mapping[str, Any], checkpoint: Path | None):
     from nemo_rl.models.policy.lm_policy import Policy
 
     from rise_nemo.backends.nemo.checkpoints import policy_dir
+    from rise_nemo.backends.nemo.placement import layout_line, placement_errors
     from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession
 
     if checkpoint is not None and policy_dir(checkpoint) is None:
         raise NemoConfigError(f"{checkpoint}: no policy/weights in this NeMo-RL checkpoint")
     master = distillation.MasterConfig(**build_master_config(recipe, run_dir_of(recipe)))
     init_ray()
+    watch_placement(recipe)
     policy_config, cluster_config = master.policy, master.cluster
     tokenizer = get_tokenizer(policy_config["tokenizer"])
     generation_config = configure_generation_config(policy_config["generation"], tokenizer)
@@ -236,18 +277,19 @@ def build_student(recipe: Mapping[str, Any], checkpoint: Path | None):
         # Megatron sizes its (unused) scheduler from train_iters, which distillation.setup sets the same way.
         policy_config["megatron_cfg"]["train_iters"] = int(master.distillation["max_num_steps"])
     nodes, gpus = int(cluster_config["num_nodes"]), int(cluster_config["gpus_per_node"])
-    cluster = RayVirtualCluster(
-        name="rise_eval_student_cluster", bundle_ct_per_node_list=[gpus] * nodes, use_gpus=True,
-        num_gpus_per_node=gpus, max_colocated_worker_groups=3,
-        port_range_low=cluster_config.get("master_port_range_low"),
-        port_range_high=cluster_config.get("master_port_range_high"),
-    )
-    generation = VllmGeneration(cluster=cluster, config=generation_config)
-    generation.finish_generation()
     resume = policy_dir(checkpoint)
-    policy = Policy(name_prefix="student", cluster=cluster, config=policy_config, tokenizer=tokenizer,
-                    weights_path=str(resume / "weights") if resume is not None else None, optimizer_path=None,
-                    init_optimizer=False, init_reference_model=False)
+    with placement_errors(layout_line(recipe)):
+        cluster = RayVirtualCluster(
+            name="rise_eval_student_cluster", bundle_ct_per_node_list=[gpus] * nodes, use_gpus=True,
+            num_gpus_per_node=gpus, max_colocated_worker_groups=3,
+            port_range_low=cluster_config.get("master_port_range_low"),
+            port_range_high=cluster_config.get("master_port_range_high"),
+        )
+        generation = VllmGeneration(cluster=cluster, config=generation_config)
+        generation.finish_generation()
+        policy = Policy(name_prefix="student", cluster=cluster, config=policy_config, tokenizer=tokenizer,
+                        weights_path=str(resume / "weights") if resume is not None else None, optimizer_path=None,
+                        init_optimizer=False, init_reference_model=False)
     generation.prepare_refit_info(policy.prepare_refit_info())
     session = NemoSession(policy, generation, tokenizer, {"policy": policy_config}, refit=grpo.refit_policy_generation)
     session.resumed_from = resume

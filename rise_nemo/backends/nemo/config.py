@@ -56,7 +56,36 @@ DERIVED: dict[str, str] = {
     "checkpointing.save_period": "train.checkpoint_every",
     "checkpointing.keep_top_k": "train.keep_checkpoints",
     "checkpointing.metric_name": "train.keep_checkpoints",
+    # distillation (NeMo-RL's own loop): it stops on whichever of its step and epoch limits comes first
+    # (distillation.py:717) and sizes the LR schedule from the smaller (train_iters, :571-576)
+    "distillation.max_num_steps": "train.steps",
+    "distillation.max_num_epochs": "train.steps",
+    "distillation.seed": "run.seed",
+    # where NeMo-RL writes its logs and checkpoints: inside the run directory
+    "logger.log_dir": "run.dir",
+    "checkpointing.checkpoint_dir": "run.dir",
 }
+# Derived on rise_nemo's own loop (nemo.algorithm: grpo) only. grpo.setup builds NeMo-RL's ClippedPGLossFn and
+# Logger although the loop uses neither; they are written from ours so that nothing NeMo-RL prints or asserts
+# contradicts what trains (its FP8 check reads use_importance_sampling_correction, grpo.py:986-989), and so that
+# an unfed Logger opens no W&B / MLflow run and starts no GPU monitor. On distillation NeMo-RL's loss and Logger
+# are the real ones: their keys are read there (rise_nemo.backends.nemo.keys).
+_OWN_LOGGING = "train.tensorboard / train.wandb (rise_nemo logs each step; NeMo-RL's Logger stays off)"
+DERIVED_GRPO: dict[str, str] = {
+    "loss_fn.ratio_clip_min": "policy_loss.clip_low",
+    "loss_fn.ratio_clip_max": "policy_loss.clip_high",
+    "loss_fn.use_importance_sampling_correction": "nemo.adapter.importance_sampling",
+    "logger.wandb_enabled": _OWN_LOGGING,
+    "logger.tensorboard_enabled": _OWN_LOGGING,
+    "logger.mlflow_enabled": _OWN_LOGGING,
+    "logger.swanlab_enabled": _OWN_LOGGING,
+    "logger.monitor_gpus": _OWN_LOGGING,
+}
+
+
+def derived_keys(algo: str) -> dict[str, str]:
+    """NeMo-RL key -> the rise_nemo key it is derived from, on entry point ``algo``."""
+    return {**DERIVED, **DERIVED_GRPO} if algo == NEMO_GRPO else dict(DERIVED)
 
 
 class NemoConfigError(ValueError):
@@ -100,9 +129,14 @@ def validate_nemo_block(recipe: Mapping[str, Any]) -> None:
     mode = get(recipe, "nemo.adapter.importance_sampling", "none")
     if mode not in IS_MODES:
         raise NemoConfigError(f"recipe key nemo.adapter.importance_sampling: {mode!r} is not one of {IS_MODES}")
-    for key, ours in DERIVED.items():
-        if _has(nemo, key):
-            raise NemoConfigError(f"recipe key nemo.{key} is set from {ours}; set it there, not under nemo:")
+    from rise_nemo.backends.nemo.keys import leaves, refusal
+    from rise_nemo.backends.nemo.placement import has_critic
+
+    critic = has_critic(recipe)
+    for key in leaves({k: v for k, v in nemo.items() if k not in OUR_KEYS}):
+        message = refusal(algo, key, has_critic=critic)
+        if message is not None:
+            raise NemoConfigError(message)
     try:
         for key in ("nemo.policy.model_name", "nemo.cluster.num_nodes", "nemo.cluster.gpus_per_node",
                     "nemo.policy.max_total_sequence_length", "nemo.policy.train_micro_batch_size"):
@@ -124,6 +158,25 @@ def validate_nemo_block(recipe: Mapping[str, Any]) -> None:
                               "supported by the nemo backend yet; use auto")
     if algo == NEMO_DISTILLATION and get(recipe, "nemo.teacher", None) is None:
         raise NemoConfigError("recipe key nemo.teacher is missing (distillation needs a teacher policy)")
+    check_critic_layout(recipe)
+
+
+def check_critic_layout(recipe: Mapping[str, Any]) -> None:
+    """A method with a critic (PPO, RRL) trains its value model colocated with the policy and vLLM, as NeMo-RL's
+    PPO does: it needs the ``nemo.value`` block and colocated generation (NeMo-RL's ppo.setup asserts it,
+    ppo.py:371-375: "Non-colocated PPO is not yet supported")."""
+    from rise_nemo.backends.nemo.placement import has_critic
+
+    if not has_critic(recipe):
+        return
+    method = recipe.get("method")
+    if get(recipe, "nemo.value", None) is None:
+        raise NemoConfigError(f"recipe key nemo.value is missing: method {method!r} trains a value model, configured "
+                              "there (see recipes/ppo_math_7b.yaml)")
+    if not bool(get(recipe, "nemo.policy.generation.colocated.enabled", True)):
+        raise NemoConfigError(f"recipe key nemo.policy.generation.colocated.enabled: false, but method {method!r} "
+                              "trains a value model, which shares the GPUs with the policy and colocated vLLM as in "
+                              "NeMo-RL's PPO (non-colocated PPO is not supported there); set it to true")
 
 
 def derived_values(recipe: Mapping[str, Any], run_dir: str) -> dict[str, Any]:
@@ -151,11 +204,23 @@ def derived_values(recipe: Mapping[str, Any], run_dir: str) -> dict[str, Any]:
             "grpo.val_at_end": False,
             "loss_fn.reference_policy_kl_penalty": kl,
             "grpo.skip_reference_policy_logprobs_calculation": kl == 0.0,
+            "loss_fn.ratio_clip_min": float(get(recipe, "policy_loss.clip_low", 0.2)),
+            "loss_fn.ratio_clip_max": float(get(recipe, "policy_loss.clip_high", 0.2)),
+            "loss_fn.use_importance_sampling_correction":
+                get(recipe, "nemo.adapter.importance_sampling", "none") == "behaviour_ratio",
+            **{key: False for key in ("logger.wandb_enabled", "logger.tensorboard_enabled", "logger.mlflow_enabled",
+                                      "logger.swanlab_enabled", "logger.monitor_gpus")},
         })
     else:
         out.update({
             "distillation.seed": int(get(recipe, "run.seed", 0)),
             "distillation.max_num_steps": int(get(recipe, "train.steps")),
+            # NeMo-RL's distillation loop ends after max_num_epochs passes over its dataloader whatever
+            # max_num_steps says (distillation.py:717) and sizes the LR schedule as min(max_num_steps,
+            # max_num_epochs x batches per epoch) (:571-576). Every epoch has at least one batch (nemo_dataset
+            # repeats a short prompt set to one full batch), so train.steps epochs never bind before train.steps
+            # steps: the run ends at train.steps, with the schedule sized for it.
+            "distillation.max_num_epochs": max(1, int(get(recipe, "train.steps"))),
         })
     out.update(checkpointing_values(recipe))
     return out

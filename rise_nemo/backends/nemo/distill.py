@@ -51,10 +51,11 @@ def resume_step(run_dir: str | Path) -> int:
     return nemo_rl_step(latest) if latest is not None else 0
 
 
-def run_distillation(cfg: Any, train_prompts: Sequence[Any], eval_prompts: Sequence[Any]) -> int:
-    """NeMo-RL's distillation setup + ``distillation_train`` for a validated OPD recipe, on the given rubric
-    prompts (the caller, ``rise-nemo distill``, loads them from the recipe's data: block and holds the
-    run-directory lock)."""
+def setup_distillation(cfg: Any, train_prompts: Sequence[Any], eval_prompts: Sequence[Any]) -> dict[str, Any]:
+    """NeMo-RL's distillation setup for a validated OPD recipe: the student, the teacher, vLLM and the rest of
+    what ``distillation_train`` takes, by name (``student``, ``teacher``, ``generation``, ``nemo_gym``, ``dataloader``,
+    ``val_dataloader``, ``loss_fn``, ``logger``, ``checkpointer``, ``state``, ``master``, ``tokenizer``,
+    ``env``). NeMo-RL builds one colocated cluster for student, vLLM and teacher (distillation.py:320-336)."""
     recipe = distillation_recipe(cfg)
 
     from nemo_rl.algorithms import distillation
@@ -63,10 +64,13 @@ def run_distillation(cfg: Any, train_prompts: Sequence[Any], eval_prompts: Seque
     from nemo_rl.environments.utils import create_env
     from nemo_rl.models.generation import configure_generation_config
 
+    from rise_nemo.backends.nemo import watch_placement
     from rise_nemo.backends.nemo.environment import TASK_NAME, rubric_datum
+    from rise_nemo.backends.nemo.placement import layout_line, placement_errors
 
     master = distillation.MasterConfig(**build_master_config(recipe, run_dir_of(recipe)))
     init_ray()
+    watch_placement(recipe)
     tokenizer = get_tokenizer(master.policy["tokenizer"])
     master.policy["generation"] = configure_generation_config(master.policy["generation"], tokenizer)
     encode = partial(encode_chat, tokenizer, chat_template_kwargs=master.policy["tokenizer"].get("chat_template_kwargs") or {})
@@ -76,14 +80,25 @@ def run_distillation(cfg: Any, train_prompts: Sequence[Any], eval_prompts: Seque
     register_rubric_environment(TASK_NAME)
     judge_cfg = {**recipe["judge"], "reward_clip_min": recipe.get("reward", {}).get("clip_min")}
     env = create_env(TASK_NAME, judge_cfg)
-    out = distillation.setup(master, tokenizer, train, val)
-    student, teacher, generation = out[0], out[1], out[2]
-    dataloader, val_dataloader, loss_fn, logger, checkpointer, state, master = out[4:11]
+    with placement_errors(layout_line(recipe)):
+        out = distillation.setup(master, tokenizer, train, val)
+    names = ("student", "teacher", "generation", "nemo_gym", "dataloader", "val_dataloader", "loss_fn", "logger",
+             "checkpointer", "state", "master")
+    return {**dict(zip(names, out)), "tokenizer": tokenizer, "env": {TASK_NAME: env}}
+
+
+def run_distillation(cfg: Any, train_prompts: Sequence[Any], eval_prompts: Sequence[Any]) -> int:
+    """NeMo-RL's distillation setup + ``distillation_train`` for a validated OPD recipe, on the given rubric
+    prompts (the caller, ``rise-nemo distill``, loads them from the recipe's data: block and holds the
+    run-directory lock)."""
+    from nemo_rl.algorithms import distillation
+
+    s = setup_distillation(cfg, train_prompts, eval_prompts)
     distillation.distillation_train(
-        student, teacher, generation, dataloader, val_dataloader, tokenizer, loss_fn,
-        {TASK_NAME: env}, {TASK_NAME: env}, logger, checkpointer, state, master,
+        s["student"], s["teacher"], s["generation"], s["dataloader"], s["val_dataloader"], s["tokenizer"],
+        s["loss_fn"], s["env"], s["env"], s["logger"], s["checkpointer"], s["state"], s["master"],
     )
     return 0
 
 
-__all__ = ["distillation_recipe", "resume_step", "run_distillation"]
+__all__ = ["distillation_recipe", "resume_step", "run_distillation", "setup_distillation"]

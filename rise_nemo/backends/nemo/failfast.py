@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 SHUTDOWN_TIMEOUT_S = 60.0
+# The fail_fast contexts open in this process, innermost last: (command, run_dir) for ``abort``.
+_ACTIVE: list[tuple[str, Callable[[], Path | None]]] = []
 
 
 def one_line(exc: BaseException) -> str:
@@ -101,6 +103,7 @@ def fail_fast(command: str, run_dir: Callable[[], Path | None] = lambda: None,
 
     ``run_dir``: called after the failure, the run directory to append the traceback to (None: nowhere).
     ``exit``: ``os._exit`` (tests pass a recorder)."""
+    _ACTIVE.append((command, run_dir))
     try:
         yield
     except BaseException as exc:  # noqa: BLE001 - every failure must end the process
@@ -127,3 +130,27 @@ def fail_fast(command: str, run_dir: Callable[[], Path | None] = lambda: None,
         sys.stderr.flush()
         exit(code)
         raise  # only reached when ``exit`` returns (tests)
+    finally:
+        _ACTIVE.pop()
+
+
+def abort(message: str, shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S, exit: Callable[[int], None] = os._exit) -> None:
+    """End the process from any thread, the way ``fail_fast`` ends it: ``message`` as one line on stderr (after
+    the innermost open command's name, else ``rise-nemo``), appended to that command's ``train.log``, Ray shut
+    down with a bound, exit status 1. For failures no exception reports, e.g. a Ray actor that is never
+    placed while the main thread waits for it (rise_nemo.backends.nemo.placement.PlacementWatchdog)."""
+    command, run_dir = _ACTIVE[-1] if _ACTIVE else ("rise-nemo", lambda: None)
+    print(f"{command}: {message}", file=sys.stderr)
+    try:
+        directory = run_dir()
+        if directory is not None and Path(directory).is_dir():
+            with open(Path(directory) / "train.log", "a") as fh:
+                fh.write(f"rise-nemo: the run was ended: {message}\n")
+    except Exception:  # noqa: BLE001 - reporting must not block the exit
+        pass
+    if not shutdown_ray(shutdown_timeout_s):
+        print(f"{command}: ray.shutdown() did not finish within {shutdown_timeout_s:g} s; exiting anyway",
+              file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    exit(1)

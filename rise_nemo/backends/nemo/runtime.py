@@ -68,6 +68,7 @@ class NemoSession:
         self.refits = 0
         self.resumed_from: Path | None = None  # checkpoint the policy was built from (set by build_backend())
         self.train_cluster: Any = None  # NeMo-RL's training cluster, where build_critic() places the value model
+        self.colocated_groups = 2 if self.colocated else 1  # worker groups on train_cluster: policy (+ vLLM)
         self.policy_offloaded = False  # offload_policy() moved the policy's weights off the GPUs (PPO's critic)
 
     def open_generation(self) -> None:

@@ -1,0 +1,110 @@
+"""Every key under a recipe's ``nemo:`` is READ by a NeMo-RL component the nemo backend constructs, DERIVED from a
+rise_nemo key (``config.DERIVED``), or REFUSED with one line naming it. A key NeMo-RL accepts but nothing on
+our path reads would otherwise change nothing silently (``nemo.loss_fn.ratio_clip_max`` next to
+``policy_loss.clip_high``, which is what trains).
+
+``RULES`` classifies NeMo-RL's whole ``MasterConfig`` tree by prefix, per entry point: ``grpo`` (rise_nemo's own
+loop on NeMo-RL's ``grpo.setup``, its Policy, vLLM and the critic's Value; NeMo-RL's ``grpo_train``, its loss,
+data, environments and logger are never used) and ``distillation`` (NeMo-RL's own ``distillation_train``).
+``tests/nemo`` walks NeMo-RL's MasterConfig classes and checks that every key they define has a rule here.
+No NeMo-RL import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+READ, DERIVED, REFUSED = "read", "derived", "refused"
+
+
+@dataclass(frozen=True)
+class KeyRule:
+    prefix: str  # a dotted NeMo-RL key, or the subtree under it
+    kind: str  # READ | REFUSED (DERIVED keys come from config.DERIVED)
+    why: str  # READ: the component that reads it; REFUSED: the one-line reason, naming what to set instead
+
+
+_LOOP = "rise_nemo's loop runs the method's own step, not NeMo-RL's grpo_train, the only reader of this key"
+_LOGGER = ("on backend nemo the loop logs metrics.jsonl itself and TensorBoard / W&B through train.tensorboard / "
+           "train.wandb; NeMo-RL's Logger is not fed by it (its GPU monitor neither)")
+
+RULES: dict[str, tuple[KeyRule, ...]] = {
+    "grpo": (
+        KeyRule("policy", READ, "NeMo-RL's Policy and VllmGeneration, built by grpo.setup"),
+        KeyRule("cluster", READ, "grpo.setup's RayVirtualCluster"),
+        KeyRule("value", READ, "NeMo-RL's Value (the critic), through rise_nemo.planner.critic.value_config"),
+        KeyRule("checkpointing", REFUSED, "rise_nemo writes <run dir>/checkpoints itself; set train.checkpoint_every "
+                "/ train.keep_checkpoints (NeMo-RL's CheckpointManager stays off)"),
+        KeyRule("checkpointing.pretrained_checkpoint", READ, "grpo.setup, which hands it to the Policy "
+                "(grpo.py:299-301)"),
+        KeyRule("loss_fn", REFUSED, "the loss on backend nemo is rise_nemo's (policy_loss:); NeMo-RL's "
+                "ClippedPGLossFn, which grpo.setup builds, is never called"),
+        KeyRule("grpo", REFUSED, _LOOP),
+        KeyRule("data", REFUSED, "prompts come from the recipe's data: block"),
+        KeyRule("env", REFUSED, "rewards come from the recipe's judge: / reward: blocks"),
+        KeyRule("logger", REFUSED, _LOGGER),
+        KeyRule("data_plane", REFUSED, "NeMo-RL's data plane serves its own grpo_train loop only"),
+        KeyRule("on_policy_distillation", REFUSED, "on-policy distillation runs through `rise-nemo distill` "
+                "(nemo.algorithm: distillation)"),
+        KeyRule("teacher", REFUSED, "only a distillation recipe (nemo.algorithm: distillation) has a teacher"),
+    ),
+    "distillation": (
+        KeyRule("policy", READ, "the student's Policy and VllmGeneration, built by distillation.setup"),
+        KeyRule("teacher", READ, "the teacher's Policy, built by distillation.setup"),
+        KeyRule("cluster", READ, "distillation.setup's RayVirtualCluster"),
+        KeyRule("loss_fn", READ, "NeMo-RL's DistillationLossFn"),
+        KeyRule("distillation", READ, "NeMo-RL's distillation_train"),
+        KeyRule("logger", READ, "NeMo-RL's Logger, fed by distillation_train"),
+        KeyRule("checkpointing", READ, "NeMo-RL's CheckpointManager, driven by distillation_train"),
+        KeyRule("data", REFUSED, "prompts come from the recipe's data: block"),
+        KeyRule("env", REFUSED, "the reward is the recipe's judge: block (the rubric environment)"),
+        KeyRule("value", REFUSED, "distillation trains no value model"),
+        KeyRule("grpo", REFUSED, "a distillation recipe runs NeMo-RL's distillation loop, not GRPO"),
+        KeyRule("data_plane", REFUSED, "NeMo-RL's data plane serves its GRPO loop only"),
+        KeyRule("on_policy_distillation", REFUSED, "NeMo-RL's GRPO-side distillation is not this entry point"),
+    ),
+}
+UNKNOWN = KeyRule("", REFUSED, "not a key of NeMo-RL's config that the nemo backend uses")
+
+
+def _under(key: str, prefix: str) -> bool:
+    return key == prefix or key.startswith(prefix + ".")
+
+
+def classify(algorithm: str, key: str) -> KeyRule:
+    """The rule for a dotted NeMo-RL key (relative to ``nemo:``): DERIVED when rise_nemo writes it, else the most
+    specific rule of ``RULES[algorithm]``, else ``UNKNOWN``."""
+    from rise_nemo.backends.nemo.config import derived_keys
+
+    for derived, ours in derived_keys(algorithm).items():
+        if _under(key, derived):
+            return KeyRule(derived, DERIVED, ours)
+    matches = [r for r in RULES[algorithm] if _under(key, r.prefix)]
+    return max(matches, key=lambda r: len(r.prefix)) if matches else UNKNOWN
+
+
+def leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    """Dotted paths of a nested mapping's leaves (a list or a scalar is a leaf; an empty mapping is one too)."""
+    for k, v in tree.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            yield from leaves(v, path + ".")
+        else:
+            yield path
+
+
+def refusal(algorithm: str, key: str, has_critic: bool = False) -> str | None:
+    """The one-line refusal of recipe key ``nemo.<key>``, or None when it is read (or is ours)."""
+    rule = classify(algorithm, key)
+    if rule.kind == DERIVED:
+        return f"recipe key nemo.{key} is set from {rule.why}; set it there, not under nemo:"
+    if rule.prefix == "value" and not has_critic and algorithm == "grpo":
+        return "recipe key nemo.value: only a method with a critic (ppo, rrl) trains a value model"
+    if rule.kind == REFUSED:
+        return f"recipe key nemo.{key} is not used on backend nemo: {rule.why}"
+    return None
+
+
+__all__ = ["DERIVED", "READ", "REFUSED", "RULES", "KeyRule", "classify", "leaves", "refusal"]
