@@ -136,9 +136,13 @@ def fail_fast(command: str, run_dir: Callable[[], Path | None] = lambda: None,
 
 def abort(message: str, shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S, exit: Callable[[int], None] = os._exit) -> None:
     """End the process from any thread, the way ``fail_fast`` ends it: ``message`` as one line on stderr (after
-    the innermost open command's name, else ``rise-nemo``), appended to that command's ``train.log``, Ray shut
-    down with a bound, exit status 1. For failures no exception reports, e.g. a Ray actor that is never
-    placed while the main thread waits for it (rise_nemo.backends.nemo.placement.PlacementWatchdog)."""
+    the innermost open command's name, else ``rise-nemo``), appended to that command's ``train.log``, exit
+    status 1. For failures no exception reports, e.g. a Ray actor that is never placed while the main thread
+    waits for it (rise_nemo.backends.nemo.placement.PlacementWatchdog).
+
+    Ray is shut down (with a bound) only from the main thread: ``ray.shutdown()`` from another thread while the
+    main thread waits in ``ray.get`` ends the process at once with status 0 (measured, Ray 2.60), which would
+    report the failure as a success. Ray ends a job's actors when its driver process exits."""
     command, run_dir = _ACTIVE[-1] if _ACTIVE else ("rise-nemo", lambda: None)
     print(f"{command}: {message}", file=sys.stderr)
     try:
@@ -148,7 +152,7 @@ def abort(message: str, shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S, exit: Ca
                 fh.write(f"rise-nemo: the run was ended: {message}\n")
     except Exception:  # noqa: BLE001 - reporting must not block the exit
         pass
-    if not shutdown_ray(shutdown_timeout_s):
+    if threading.current_thread() is threading.main_thread() and not shutdown_ray(shutdown_timeout_s):
         print(f"{command}: ray.shutdown() did not finish within {shutdown_timeout_s:g} s; exiting anyway",
               file=sys.stderr)
     sys.stdout.flush()

@@ -156,7 +156,7 @@ class PlacementWatchdog:
     def start(self) -> PlacementWatchdog:
         import ray
 
-        job_id = ray.get_runtime_context().job_id
+        job_id = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
         self._thread = threading.Thread(target=self._watch, args=(job_id,), name="rise-placement-watchdog",
                                         daemon=True)
         self._thread.start()
