@@ -25,9 +25,9 @@ STUCK = textwrap.dedent("""
     import os, ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from private_ray import init_local
 
-    ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False)
+    init_local(num_cpus=4, num_gpus=1, log_to_driver=False)
     pg = placement_group([{"CPU": 3, "GPU": 1}], strategy="PACK")
     ray.get(pg.ready())
 
@@ -46,7 +46,7 @@ STUCK = textwrap.dedent("""
 
 def _env() -> dict:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-           "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+           "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     env.pop("RAY_ADDRESS", None)
     return env
 
