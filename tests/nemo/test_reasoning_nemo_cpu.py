@@ -223,11 +223,10 @@ def test_value_config_derives_from_the_policy():
 def test_build_critic_places_the_value_model_from_the_recipe_and_resumes_it(tmp_path, monkeypatch):
     """backends.nemo.build_critic(cfg, policy, checkpoint=): the factory signature both backends share. The
     value model goes on the session's training cluster and loads ``<checkpoint>/critic`` when it holds weights."""
-    import rise_nemo.backends.nemo as nemo_backend
-    from rise_nemo.backends.nemo.config import NemoConfigError
-
     from types import SimpleNamespace
 
+    import rise_nemo.backends.nemo as nemo_backend
+    from rise_nemo.backends.nemo.config import NemoConfigError
     from rise_nemo.backends.nemo.placement import NemoPlacementError
 
     session, _, policy, _, value, tok = make()

@@ -337,16 +337,21 @@ def shape_mismatch(base: Any, override: Any, prefix: str = "") -> str | None:
     return None
 
 
-def check_dtensor_worker(master: Mapping[str, Any]) -> None:
+def check_dtensor_worker(master: Mapping[str, Any], blocks: tuple[str, ...] = ("policy", "teacher")) -> None:
     """A DTensor policy (or teacher) with ``dtensor_cfg._v2: true`` runs NeMo-RL's DTensor v2 worker, which
     imports nemo_automodel (nemo_rl/models/policy/lm_policy.py:134-138). NeMo-RL's base config sets ``_v2:
     true`` (examples/configs/grpo_math_1B.yaml), so a recipe that only turns DTensor on inherits it; where
     nemo_automodel is not installed, say so here, naming the key, instead of failing inside a Ray worker."""
     import importlib.util
 
-    for block in ("policy", "teacher"):
+    for block in blocks:
         dtensor = (master.get(block) or {}).get("dtensor_cfg") or {}
         if dtensor.get("enabled") and dtensor.get("_v2", False) and importlib.util.find_spec("nemo_automodel") is None:
+            if block == "value":
+                raise NemoConfigError(
+                    "recipe key nemo.policy.dtensor_cfg.enabled: a DTensor policy's critic is NeMo-RL's DTensor v2 value "
+                    "worker (its only DTensor one), which needs nemo_automodel (not installed); install it, or train on "
+                    "Megatron (nemo.policy.megatron_cfg.enabled: true)")
             raise NemoConfigError(
                 f"recipe key nemo.{block}.dtensor_cfg._v2: true (NeMo-RL's base config sets it) runs the DTensor v2 "
                 f"worker, which needs nemo_automodel (not installed); install it, or set "

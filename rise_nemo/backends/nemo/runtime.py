@@ -270,7 +270,7 @@ class NemoPolicy:
         self.session.to_training()  # weights may be offloaded after an evaluation's refit
         self.session.policy.save_checkpoint(
             weights_path=str(path / "weights"), optimizer_path=str(path / "optimizer"),
-            tokenizer_path=str(path / "tokenizer"),
+            tokenizer_path=str(path / "tokenizer"), checkpointing_cfg=self.session.config.get("checkpointing"),
         )
 
     def load_checkpoint(self, path: str | Path) -> None:
