@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from bench.trl_parity import config
     from rise_nemo.interfaces import SamplingParams
-    from rise_nemo.orchestration.run import build_trainer
+    from rise_nemo.loop.run import build_trainer
 
     torch.set_num_threads(1)
     tr = build_trainer(config(argparse.Namespace(overrides=[f"++local.generation_batch_size={args.rows}"]),

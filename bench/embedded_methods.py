@@ -1,16 +1,48 @@
-"""Embedded methods benchmark: Rubric-RL vs RISE-RL (and coupled / uniform) on the
-persistent-criteria task, several seeds, a fixed step budget, guidance-free evaluation every few steps.
+"""Embedded methods benchmark: Rubric-RL vs RISE-RL (and coupled / uniform / the ablation rows) on the
+persistent-criteria task, decided on paired intervals over independent seeds.
 
-For every method and seed it prints the persistent-criterion coverage curve, its area under the curve
-(trapezoid over eval steps, divided by the step span, so it is the curve's mean height), the final mean
-reward and the negative-criterion rate. It then measures the step-time ratio RISE-RL / Rubric-RL before
-and after the guidance switch in ONE process by interleaving the two methods' steps (same machine load
-for both), and ends with
+For every method, seed and condition it trains a fixed step budget with guidance-free evaluation every few
+steps and records the persistent-criterion coverage curve, its area under the curve (trapezoid over eval steps,
+divided by the step span: the curve's mean height), the final mean reward and negative-criterion rate, and the
+NATURAL HITS per behaviour (natural training rollouts meeting a persistent criterion, from samples.jsonl with
+``train.log_samples=64``: every natural rollout is logged): how often each method found a criterion on its own.
+It then measures the step-time ratio RISE-RL / Rubric-RL before and after the guidance switch in ONE process by
+interleaving the two methods' steps (same machine load for both).
 
-    RESULT auc_ratio=<RISE/Rubric, worst seed> reward_gain=<RISE-Rubric final reward, worst seed> seeds=<n>
-           step_ratio_guided=<x> step_ratio_after=<x> negative_gap=<RISE-Rubric final negative rate, worst seed>
-           [with the rise_onepass row: onepass_auc_ratio=<x> onepass_reward_gain=<x> onepass_negative_gap=<x>
-            onepass_auc_diff=<one-pass - two-pass AUC, mean over seeds> onepass_auc_diff_sd=<its sd over seeds>
+Defaults (RISE-RL's decisive miniature): ``--task named`` (each persistent criterion demands the prompt's own
+audience and topic fact, and prompts name the behaviours they ask for), 48 steps with the switch at 24 and an
+evaluation every 4, base rates 0.015, 0.003 and 0 (``data.warm_start.unprompted_rate``: how often the warm start
+meets a criterion unprompted), 10 seeds, plus the NULL CONTROL (``--null-control 0.015``): the same task at base
+rate 0.015 with a warm start that ignores hints (``data.warm_start.hint_following=false``: hinted prompts get
+unhinted responses), so RISE-RL's privileged rollouts meet the criteria no more often than natural ones and any
+gain there is not the hints'. Every seed is an independent replication: it draws its own 64 training and 16
+held-out prompts (``data.task.replicate``) from pools of 208 and 48 prompts (6 held out per topic) that one warm
+start per condition never trains on; a warm start per seed (~100 CPU-seconds each, 40 of them) is not cheap
+here. ``--same-prompts`` keeps the recipe's prompts for every seed (the old behaviour: seeds then differ only in
+their sampling streams).
+
+Before training every condition prints its premise: the unprompted and hinted rates measured on its warm start
+(the null control's hinted rate is about its unprompted rate) and, per seed, the transfer rate (the share of
+other training prompts whose same-behaviour criterion one hit's text also meets).
+
+Comparisons (rise_nemo.core.comparison, paired by seed, 95%, expanded percentile bootstrap over seeds), RISE-RL
+minus Rubric-RL per condition:
+  auc_diff      coverage-AUC difference (target: lower bound above 0; verdict against 0.05 AUC points, about an
+                eighth of Rubric-RL's AUC on this task, where the old auc_ratio >= 1.5 asked for ~0.18)
+  reward_gain   final-reward difference (target: lower bound >= 0; verdict against 0.02, a seed's noise)
+  negative_gap  final negative-criterion rate difference (point and interval)
+The first base rate is the main condition (fields without a suffix); the others carry ``_<rate>``, the null
+control ``null_``. ``target_met=1`` when the main condition's auc_diff lower bound is above 0 and reward_gain's
+is >= 0.
+
+Budget: ~60 CPU-minutes at the defaults (docs/results.md); ``--quick``: 2 seeds, 8 steps (switch at 4), one
+base rate and the null control (a smoke run).
+
+Ends with
+    RESULT auc_diff=... auc_diff_lo=... auc_diff_hi=... auc_diff_verdict=... reward_gain=... ... negative_gap=...
+           auc_diff_<rate>... null_auc_diff... natural_hits_rubric_rl=... natural_hits_rise=... seeds=10
+           step_ratio_guided=... step_ratio_after=... target_met=... task=... cpu_s=...
+           [with the rise_onepass row: onepass_auc_diff (one-pass - two-pass, paired) and its interval,
             step_ratio_guided_onepass=<revisited steps> step_ratio_guided_onepass_first=<first visits>]
 
 Rows ``rise_paper`` and ``rise+<option>`` are the ablations of our extensions (docs/DESIGN.md §2; see
@@ -19,24 +51,14 @@ VARIANTS); ``rise`` is RISE-RL with the project's defaults, the method the RESUL
 time is measured interleaved with Rubric-RL over one epoch of first visits (the two-pass fallback) and then
 ``--timing-steps`` revisited steps (one generate call each).
 
-Usage: python bench/embedded_methods.py [--steps 24] [--eval-every 2] [--seeds 0 1 2] [--out DIR]
-                                       [--task control|premise|named] [--base-rates 0.0075 0.015]
-The warm start is shared by all runs (cached under data.warm_start_cache); seeds change the sampling
-streams and the prompt order of RL training and evaluation.
+``--task control`` is today's task, where each persistent criterion is a fixed phrase, so one hit teaches it
+for every prompt (RISE-RL's premise is weak); ``--task premise`` the prompt-dependent criteria without named
+requests; add ``++data.task.persistent_per_prompt=1`` for one persistent criterion per prompt.
 
-``--task control`` (default) is today's task, where each persistent criterion is a fixed phrase, so one
-hit teaches it for every prompt (RISE-RL's premise is weak). ``--task premise`` sets
-``data.task.criteria=prompt``: each persistent criterion demands the prompt's own audience and topic fact.
-``--task named`` is the premise task whose prompts also name their persistent behaviours' subjects
-(``data.task.name_behaviours=true``: "... please cover safety and a summary ."), so a policy can know
-which of the six a held-out prompt asks for; add ``++data.task.persistent_per_prompt=1`` for one
-persistent criterion per prompt.
-``--base-rates`` runs the whole comparison once per warm-start unprompted rate
-(``data.warm_start.unprompted_rate``). Before training, each condition prints its premise measurements:
-the warm start's measured unprompted and hinted rates and the transfer rate (the share of other
-training prompts whose same-behaviour criterion one hit's text also meets). The RESULT line then adds
-``task``, ``persistent_per_prompt``, ``transfer`` and, per base rate r, ``unprompted_<r>``, ``auc_ratio_<r>`` and ``reward_gain_<r>``
-(worst seed); ``auc_ratio`` / ``reward_gain`` / ``negative_gap`` stay the worst over every rate and seed.
+Usage: python bench/embedded_methods.py [--steps 48] [--switch-step 24] [--eval-every 4] [--seeds 0 .. 9]
+       [--task named|premise|control] [--base-rates 0.015 0.003 0] [--null-control 0.015|none]
+       [--methods rubric_rl rise ...] [--same-prompts] [--quick] [--out DIR] [--resume] [--workers N]
+       [key=value ...]
 """
 
 from __future__ import annotations
@@ -52,6 +74,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench._cli import parse_with_overrides  # noqa: E402
+from bench._miniature import cpu_seconds, run_workers  # noqa: E402
 
 RECIPES = {
     "rubric_rl": "rubric_rl_tiny_cpu.yaml",
@@ -93,26 +116,47 @@ TASKS = {
 }
 
 
+AUC_DIFF_TARGET = 0.05  # RISE-RL - Rubric-RL coverage AUC (module docstring)
+REWARD_GAIN_TARGET = 0.02  # RISE-RL - Rubric-RL final reward (the requirement is a lower bound >= 0)
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=24, help="RL steps per run (the fixed budget)")
-    p.add_argument("--eval-every", type=int, default=2)
-    p.add_argument("--switch-step", type=int, default=12, help="guidance removal step (eq. 13, fixed)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--methods", nargs="+", default=["rubric_rl", "rise", "coupled", "uniform", *VARIANTS],
-                   choices=sorted([*RECIPES, *VARIANTS]))
+    p.add_argument("--steps", type=int, default=48, help="RL steps per run (the fixed budget)")
+    p.add_argument("--eval-every", type=int, default=4)
+    p.add_argument("--switch-step", type=int, default=24, help="guidance removal step (eq. 13, fixed)")
+    p.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
+    p.add_argument("--methods", nargs="+", default=["rubric_rl", "rise"], choices=sorted([*RECIPES, *VARIANTS]),
+                   help="rows to train (rubric_rl and rise for the RESULT line; the ablation rows on request)")
     p.add_argument("--timing-steps", type=int, default=8,
                    help="interleaved steps per phase for the step-time ratio (0 = skip the timing)")
-    p.add_argument("--task", choices=sorted(TASKS), default="control",
+    p.add_argument("--task", choices=sorted(TASKS), default="named",
                    help="control: today's fixed-phrase criteria; premise: criteria that depend on the prompt; "
                         "named: premise criteria and prompts that name their behaviours' subjects")
-    p.add_argument("--base-rates", type=float, nargs="+", default=None,
-                   help="warm-start unprompted rates (data.warm_start.unprompted_rate), one comparison each "
-                        "(default: the recipe's)")
+    p.add_argument("--base-rates", type=float, nargs="+", default=[0.015, 0.003, 0.0],
+                   help="warm-start unprompted rates (data.warm_start.unprompted_rate), one comparison each; "
+                        "the first is the main condition")
+    p.add_argument("--null-control", default="0.015",
+                   help="base rate of the null control (a warm start that ignores hints), or none")
+    p.add_argument("--same-prompts", action="store_true",
+                   help="every seed trains and evaluates on the recipe's prompts (seeds differ in sampling only)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 2 seeds, 8 steps, one base rate + the null control")
     p.add_argument("--out", default="/tmp/rise_bench_embedded")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (1 when several benches share the cores)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the measurements of runs under --out that finished with exactly this config")
+    p.add_argument("--workers", type=int, default=1,
+                   help="train the seeds in this many processes (the same runs and CPU time, less wall time)")
+    p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # a --workers child
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("overrides", nargs="*", help="extra recipe overrides for every run (key=value)")
-    return parse_with_overrides(p)
+    args = parse_with_overrides(p)
+    if args.quick:
+        args.seeds, args.steps, args.switch_step, args.eval_every = args.seeds[:2], 8, 4, 2
+        args.base_rates, args.timing_steps = args.base_rates[:1], min(args.timing_steps, 2)
+    for method in ("rubric_rl", "rise"):
+        if method not in args.methods:
+            raise SystemExit(f"--methods: {method} is needed (the RESULT line compares RISE-RL with Rubric-RL)")
+    return args
 
 
 def config(method: str, seed: int, run_dir: Path, args, extra=()):
@@ -121,30 +165,53 @@ def config(method: str, seed: int, run_dir: Path, args, extra=()):
     recipe, variant = VARIANTS.get(method, (method, []))
     return load_config(REPO / "recipes" / RECIPES[recipe], [*variant,
         f"run.seed={seed}", f"run.dir={run_dir}", f"train.steps={args.steps}", "train.checkpoint_every=0",
-        f"eval.every={args.eval_every}", "train.progress=false", f"local.num_threads={args.threads}", f"rise.schedule.switch_step={args.switch_step}",
+        f"eval.every={args.eval_every}", "train.progress=false", f"local.num_threads={args.threads}",
+        f"rise.schedule.switch_step={args.switch_step}", "train.log_samples=64", *seed_task(seed, args),
         *args.overrides, *extra,
     ])
 
 
+HELDOUT_POOL_PER_TOPIC = 6  # a seed draws its 2 held-out prompts per topic from these 6 (48 in all)
+
+
+def seed_task(seed: int, args) -> list[str]:
+    """A seed's own training and held-out prompts, drawn from pools that share one warm start per condition
+    (``data.task.replicate``, rise_nemo.data.persistent_task), unless --same-prompts."""
+    if getattr(args, "same_prompts", True):
+        return []
+    return [f"++data.task.heldout_pool_per_topic={HELDOUT_POOL_PER_TOPIC}", f"++data.task.replicate={seed}"]
+
+
 def conditions(args) -> list[tuple[str, list[str]]]:
-    """(label, overrides) per base rate of the chosen task; label "" = the recipe's own rate."""
+    """(label, overrides) per base rate of the chosen task (label "" = the recipe's own rate), then the null
+    control (label ``null<rate>``: the same task with a warm start that ignores hints)."""
     task = TASKS[args.task]
     if not args.base_rates:
-        return [("", task)]
-    for rate in args.base_rates:
-        if not 0.0 <= rate <= 1.0:
-            raise SystemExit(f"--base-rates: expected probabilities in [0, 1], got {rate}")
-    return [(f"{rate:g}", [*task, f"++data.warm_start.unprompted_rate={rate}"]) for rate in args.base_rates]
+        out = [("", task)]
+    else:
+        for rate in args.base_rates:
+            if not 0.0 <= rate <= 1.0:
+                raise SystemExit(f"--base-rates: expected probabilities in [0, 1], got {rate}")
+        out = [(f"{rate:g}", [*task, f"++data.warm_start.unprompted_rate={rate}"]) for rate in args.base_rates]
+    null = getattr(args, "null_control", None)
+    if null not in (None, "none"):
+        try:
+            rate = float(null)
+        except ValueError:
+            raise SystemExit(f"--null-control: expected a base rate or none, got {null!r}") from None
+        out.append((f"null{rate:g}", [*task, f"++data.warm_start.unprompted_rate={rate}",
+                                      "++data.warm_start.hint_following=false"]))
+    return out
 
 
-def premise_measurements(args, extra: list[str]) -> dict:
-    """The warm start of a condition (built or loaded from the cache, as training will) and the task's
+def premise_measurements(args, extra: list[str], seed: int = 0) -> dict:
+    """The warm start of a condition and seed (built or loaded from the cache, as training will) and the task's
     transfer rate, before any training."""
-    from rise_nemo.orchestration.data import persistent_task
-    from rise_nemo.orchestration.reasoning_warm_start import warm_started_backend
+    from rise_nemo.loop.data import persistent_task
+    from rise_nemo.loop.warm_start import warm_started_backend
     from rise_nemo.tasks.persistent_warm_start import transfer_rate
 
-    cfg = config("rubric_rl", 0, Path(args.out) / "premise_probe", args, extra)
+    cfg = config("rubric_rl", seed, Path(args.out) / "premise_probe", args, extra)
     _, _, stats = warm_started_backend(cfg, progress=False)
     task = persistent_task(cfg)
     return {"unprompted_rate": stats.unprompted_rate, "hinted_rate": stats.hinted_rate,
@@ -152,30 +219,70 @@ def premise_measurements(args, extra: list[str]) -> dict:
 
 
 def train_one(method: str, seed: int, args, extra=(), label: str = "") -> dict:
-    from rise_nemo.orchestration.report import curve_auc
-    from rise_nemo.orchestration.run import build_trainer
+    from omegaconf import OmegaConf
+
+    from rise_nemo.loop.data import persistent_task
+    from rise_nemo.loop.run import build_trainer
+    from rise_nemo.reports.runs import curve_auc
+    from rise_nemo.stopping import STOP_REQUESTED
 
     run_dir = Path(args.out) / (f"r{label}" if label else "") / f"{method}_s{seed}"
+    cfg = config(method, seed, run_dir, args, extra)
+    spec = json.dumps(OmegaConf.to_container(cfg, resolve=True), sort_keys=True)
+    record = run_dir / "bench_run.json"
+    if args.resume and record.exists():  # a finished run of exactly this config: its measurements
+        saved = json.loads(record.read_text())
+        if saved["config"] == spec:
+            return {**saved["result"], "reused": True}
     if run_dir.exists():
         import shutil
 
         shutil.rmtree(run_dir)  # a fixed budget from scratch, never a resumed run
-    t0 = time.perf_counter()
-    build_trainer(config(method, seed, run_dir, args, extra)).run()
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    build_trainer(cfg).run()
+    if STOP_REQUESTED.is_set():  # the trainer stopped early on a signal (checkpointed): stop the bench, record nothing
+        raise SystemExit(f"stopped by a signal during {run_dir}; rerun with --resume to continue")
     evals = [json.loads(p.read_text()) for p in sorted((run_dir / "eval").glob("step_*.json"))]
+    if not evals or evals[-1]["step"] != args.steps:
+        raise SystemExit(f"{run_dir}: the run ended before step {args.steps}; see its train.log")
     curve = [(e["step"], e["persistent_coverage"]) for e in evals]
-    return {"method": method, "seed": seed, "rate": label, "curve": curve, "auc": curve_auc(curve),
-            "final_reward": evals[-1]["reward_mean"], "negative_rate": evals[-1]["negative_rate"],
-            "wall_s": time.perf_counter() - t0, "run_dir": str(run_dir)}
+    hits = natural_hits(persistent_task(cfg), run_dir / "samples.jsonl", args.switch_step)
+    result = {"method": method, "seed": seed, "rate": label, "curve": curve, "auc": curve_auc(curve),
+              "final_reward": evals[-1]["reward_mean"], "negative_rate": evals[-1]["negative_rate"],
+              "natural_hits": hits, "wall_s": time.perf_counter() - t0, "cpu_s": cpu_seconds() - c0,
+              "run_dir": str(run_dir), "measured_at": time.time()}
+    record.write_text(json.dumps({"config": spec, "result": result}))
+    return result
+
+
+def natural_hits(task, samples_path: Path, switch_step: int) -> dict:
+    """Natural (unhinted) training rollouts meeting a persistent criterion of their prompt, per behaviour, over the
+    guided steps (before ``switch_step``) and over all steps; and the natural rollouts logged."""
+    by_prompt = {p.prompt_id: p for p in task.train}
+    guided: dict[str, int] = {}
+    total: dict[str, int] = {}
+    rollouts = 0
+    for line in samples_path.read_text().splitlines():
+        r = json.loads(line)
+        if r["hinted"]:
+            continue
+        rollouts += 1
+        prompt = by_prompt[r["prompt_id"]]
+        for name, k in zip(task.persistent_names(prompt), task.persistent_criterion_ids[prompt.prompt_id]):
+            if r["verdicts"][k]:
+                total[name] = total.get(name, 0) + 1
+                if r["step"] < switch_step:
+                    guided[name] = guided.get(name, 0) + 1
+    return {"guided_phase": guided, "all_steps": total, "natural_rollouts": rollouts}
 
 
 def interleaved_step_times(args, methods: tuple[str, ...], steps: int, switch_step: int,
                            condition=()) -> dict[str, list[float]]:
     """Train ``methods`` side by side in one process, one step of each in turn (same machine load for all);
     returns each method's step times."""
-    from rise_nemo.orchestration.run import build_trainer
-    from rise_nemo.orchestration.step import train_step
-    from rise_nemo.orchestration.trainer import seed_everything
+    from rise_nemo.loop.run import build_trainer
+    from rise_nemo.loop.trainer import seed_everything
+    from rise_nemo.steps.rubric import train_step
 
     extra = [*condition, f"rise.schedule.switch_step={switch_step}", f"train.steps={steps}", "eval.at_start=false",
              "eval.every=0"]
@@ -209,7 +316,7 @@ def onepass_step_ratios(args, condition=()) -> tuple[float, float, dict]:
     generate call each. Returns (median of the per-step ratios over the revisited steps, over the first
     epoch except its first step, times). Per-step ratios, not a ratio of medians: the run is twice as long
     as step_time_ratios' phases, and a change of machine load inside it must cancel step by step."""
-    from rise_nemo.orchestration.data import load_prompts
+    from rise_nemo.loop.data import load_prompts
 
     cfg = config("rise_onepass", 0, Path(args.out) / "timing_rise_onepass", args, condition)
     epoch = -(-len(load_prompts(cfg)[0]) // int(cfg.sampling.prompts_per_step))  # steps per epoch
@@ -223,53 +330,67 @@ def main() -> int:
     args = parse_args()
     import torch
 
+    from rise_nemo.core.comparison import paired_difference
+
     torch.set_num_threads(args.threads)
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    t0, c0, started = time.perf_counter(), cpu_seconds(), time.time()
     conds = conditions(args)
     premise: dict[str, dict] = {}
     results = []
+    for label, extra in ([] if args.measure_only else conds):  # the premise of every condition, before training
+        per_seed = {seed: premise_measurements(args, extra, seed) for seed in args.seeds}
+        premise[label] = m = {key: statistics.mean(v[key] for v in per_seed.values())
+                              for key in ("unprompted_rate", "hinted_rate", "transfer")}
+        m["persistent_per_prompt"] = next(iter(per_seed.values()))["persistent_per_prompt"]
+        m["per_seed"] = per_seed
+        spread = " ".join(f"s{seed}:{100 * v['transfer']:.1f}" for seed, v in per_seed.items())
+        print(f"\n== task {args.task}, condition {label or 'recipe default'}: premise before training (the "
+              f"condition's warm start, each seed's prompts): persistent criteria met unprompted {100 * m['unprompted_rate']:.2f}%, "
+              f"hinted {100 * m['hinted_rate']:.1f}%, transfer of one hit to other prompts {100 * m['transfer']:.1f}%"
+              f"\n   transfer % per seed's training prompts: {spread}", flush=True)
+    if args.workers > 1 and not args.measure_only:
+        run_workers(__file__, sys.argv[1:], args.seeds, args.workers, ["--resume"])
+        args.resume = True  # read the workers' runs back
     for label, extra in conds:
-        m = premise_measurements(args, extra)
-        premise[label] = m
-        print(f"\n== task {args.task}, base rate {label or 'recipe default'}: premise measurements before training: "
-              f"persistent criteria met unprompted {100 * m['unprompted_rate']:.2f}%, hinted "
-              f"{100 * m['hinted_rate']:.1f}%, transfer of one hit to other prompts {100 * m['transfer']:.1f}%",
-              flush=True)
         for seed in args.seeds:
             for method in args.methods:
                 r = train_one(method, seed, args, extra, label)
                 results.append(r)
                 curve = " ".join(f"{s}:{c:.3f}" for s, c in r["curve"])
-                print(f"{method:<10} seed {seed}: AUC {r['auc']:.4f}  final reward {r['final_reward']:.4f}  "
-                      f"negative rate {r['negative_rate']:.4f}  ({r['wall_s']:.0f} s)\n    coverage {curve}",
-                      flush=True)
+                print(f"{method:<10} {label or '-':>8} seed {seed}: AUC {r['auc']:.4f}  final reward "
+                      f"{r['final_reward']:.4f}  negative rate {r['negative_rate']:.4f}  natural hits (guided phase) "
+                      f"{sum(r['natural_hits']['guided_phase'].values())}  ({r['cpu_s']:.0f} s CPU)\n"
+                      f"    coverage {curve}", flush=True)
+    if args.measure_only:
+        return 0
     (Path(args.out) / "results.json").write_text(json.dumps({"task": args.task, "premise": premise,
                                                              "runs": results}, indent=1))
 
     by = {(r["method"], r["seed"], r["rate"]): r for r in results}
-    print("\nper seed: each method vs Rubric-RL (AUC ratio / final reward gain / negative rate, method vs Rubric)")
+    compared: dict[str, dict] = {}
     for label, _ in conds:
-        for method in args.methods:
-            if method == "rubric_rl":
-                continue
-            for seed in args.seeds:
-                row, rub = by.get((method, seed, label)), by.get(("rubric_rl", seed, label))
-                if row is None or rub is None:
-                    continue
-                ratio = row["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf")
-                print(f"  {label or '-':>7} {method:<16} seed {seed}: AUC ratio {ratio:.3f}  reward gain "
-                      f"{row['final_reward'] - rub['final_reward']:+.4f}  negative rate {row['negative_rate']:.4f} "
-                      f"vs {rub['negative_rate']:.4f}")
-    per_rate = {label: vs_rubric(by, "rise", args.seeds, label) for label, _ in conds}
+        auc, gain, neg = vs_rubric(by, "rise", args.seeds, label)
+        compared[label] = {"auc_diff": paired_difference(auc[0], auc[1], target=AUC_DIFF_TARGET),
+                           "reward_gain": paired_difference(gain[0], gain[1], target=REWARD_GAIN_TARGET),
+                           "negative_gap": paired_difference(neg[0], neg[1], target=0.02)}
     for label, _ in conds:
-        print(f"\ncoverage curves, base rate {label or 'recipe default'} (mean over seeds; step:coverage)")
+        print(f"\ncondition {label or 'recipe default'} (means over {len(args.seeds)} seeds; step:coverage)")
         for method in args.methods:
             rows = [r for r in results if r["method"] == method and r["rate"] == label]
             mean_curve = [(s, statistics.mean(r["curve"][i][1] for r in rows)) for i, (s, _) in enumerate(rows[0]["curve"])]
+            hits: dict[str, int] = {}
+            for r in rows:
+                for name, n in r["natural_hits"]["guided_phase"].items():
+                    hits[name] = hits.get(name, 0) + n
             print(f"  {method:<16} AUC {statistics.mean(r['auc'] for r in rows):.4f}  final reward "
                   f"{statistics.mean(r['final_reward'] for r in rows):.4f}  negative rate "
                   f"{statistics.mean(r['negative_rate'] for r in rows):.4f}\n    "
-                  + " ".join(f"{s}:{c:.3f}" for s, c in mean_curve))
+                  + " ".join(f"{s}:{c:.3f}" for s, c in mean_curve)
+                  + "\n    natural hits per behaviour, steps 1-" + str(args.switch_step - 1) + " (all seeds): "
+                  + (" ".join(f"{k} {v}" for k, v in sorted(hits.items())) or "none"))
+        for name, iv in compared[label].items():
+            print(f"  RISE-RL - Rubric-RL {name}: {iv.text(4)}")
 
     guided = after = float("nan")
     if args.timing_steps > 0:
@@ -277,25 +398,39 @@ def main() -> int:
         print(f"\nstep time (median, interleaved in one process): guided phase RISE/Rubric {guided:.3f}, "
               f"after the switch {after:.3f}")
         (Path(args.out) / "timing.json").write_text(json.dumps(times))
-    onepass = onepass_fields(args, by, conds) if "rise_onepass" in args.methods else ""
-    ratios = [x for r, _, _ in per_rate.values() for x in r]
-    gains = [x for _, g, _ in per_rate.values() for x in g]
-    neg_gaps = [x for _, _, n in per_rate.values() for x in n]
-    worst_ratio = min(ratios) if ratios else float("nan")
-    worst_gain = min(gains) if gains else float("nan")
-    worst_neg = max(neg_gaps) if neg_gaps else float("nan")
-    extra_fields = [f"task={args.task}", f"persistent_per_prompt={conds_per_prompt(premise)}", f"transfer={statistics.mean(m['transfer'] for m in premise.values()):.4f}"]
-    for label, (r, g, _) in per_rate.items():
-        if label:
-            extra_fields += [f"unprompted_{label}={premise[label]['unprompted_rate']:.4f}",
-                             f"auc_ratio_{label}={min(r) if r else float('nan'):.3f}",
-                             f"reward_gain_{label}={min(g) if g else float('nan'):+.4f}"]
-        else:
-            extra_fields += [f"unprompted_rate={premise[label]['unprompted_rate']:.4f}"]
-    # negative_gap: RISE-RL's final negative-criterion rate minus Rubric-RL's, worst seed (target <= 0)
-    print(f"RESULT auc_ratio={worst_ratio:.3f} reward_gain={worst_gain:+.4f} seeds={len(args.seeds)} "
-          f"step_ratio_guided={guided:.3f} step_ratio_after={after:.3f} negative_gap={worst_neg:+.4f}{onepass} "
-          + " ".join(extra_fields))
+    onepass = onepass_fields(args, by, conds) if "rise_onepass" in args.methods else []
+    # runs measured by an earlier invocation count their recorded CPU; this invocation's workers are its children
+    reused = [r for r in results if r.get("reused") and r.get("measured_at", 0.0) < started]
+    cpu_s = cpu_seconds() - c0 + sum(r["cpu_s"] for r in reused)
+    print(f"CPU {cpu_s:.0f} s ({len(reused)} runs reused from an earlier invocation), wall "
+          f"{time.perf_counter() - t0:.0f} s")
+
+    main_label = conds[0][0]
+    main = compared[main_label]
+    fields = [*main["auc_diff"].fields("auc_diff"), *main["reward_gain"].fields("reward_gain"),
+              *main["negative_gap"].fields("negative_gap")[:3]]
+    for label, _ in conds[1:]:
+        suffix = label if not label.startswith("null") else ""
+        prefix = "null_" if label.startswith("null") else ""
+        name = f"{prefix}auc_diff" + (f"_{suffix}" if suffix else "")
+        gain = f"{prefix}reward_gain" + (f"_{suffix}" if suffix else "")
+        fields += [*compared[label]["auc_diff"].fields(name), f"{gain}={compared[label]['reward_gain'].point:.4f}",
+                   f"{gain}_lo={compared[label]['reward_gain'].lo:.4f}"]
+    for method in ("rubric_rl", "rise"):
+        hits = sum(sum(r["natural_hits"]["guided_phase"].values()) for r in results
+                   if r["method"] == method and r["rate"] == main_label)
+        fields.append(f"natural_hits_{method}={hits}")
+    target_met = int(main["auc_diff"].lo > 0 and main["reward_gain"].lo >= 0)
+    fields += [f"target_met={target_met}", f"seeds={len(args.seeds)}", f"steps={args.steps}",
+               f"step_ratio_guided={guided:.3f}", f"step_ratio_after={after:.3f}", *onepass,
+               f"task={args.task}", f"persistent_per_prompt={conds_per_prompt(premise)}",
+               f"transfer={statistics.mean(m['transfer'] for m in premise.values()):.4f}"]
+    for label, _ in conds:
+        key = label or "rate"
+        fields += [f"unprompted_{key}={premise[label]['unprompted_rate']:.4f}",
+                   f"hinted_{key}={premise[label]['hinted_rate']:.4f}"]
+    fields.append(f"cpu_s={cpu_s:.0f}")
+    print("RESULT " + " ".join(fields))
     return 0
 
 
@@ -305,47 +440,39 @@ def conds_per_prompt(premise: dict[str, dict]) -> int:
     return n
 
 
-def vs_rubric(by: dict, method: str, seeds, label: str = "") -> tuple[list[float], list[float], list[float]]:
-    """Per seed with both runs (at base rate ``label``): AUC ratio, final reward gain and negative-rate gap of
-    ``method`` vs Rubric-RL."""
-    ratios, gains, neg_gaps = [], [], []
+def vs_rubric(by: dict, method: str, seeds, label: str = "", baseline: str = "rubric_rl"):
+    """Per seed with both runs (condition ``label``), paired lists (method, baseline) of the coverage AUC, the
+    final reward and the final negative-criterion rate."""
+    auc, gain, neg = ([], []), ([], []), ([], [])
     for seed in seeds:
-        row, rub = by.get((method, seed, label)), by.get(("rubric_rl", seed, label))
-        if row is None or rub is None:
+        row, base = by.get((method, seed, label)), by.get((baseline, seed, label))
+        if row is None or base is None:
             continue
-        ratios.append(row["auc"] / rub["auc"] if rub["auc"] > 0 else float("inf"))
-        gains.append(row["final_reward"] - rub["final_reward"])
-        neg_gaps.append(row["negative_rate"] - rub["negative_rate"])
-    return ratios, gains, neg_gaps
+        for pair, key in ((auc, "auc"), (gain, "final_reward"), (neg, "negative_rate")):
+            pair[0].append(row[key])
+            pair[1].append(base[key])
+    return auc, gain, neg
 
 
-def onepass_fields(args, by: dict, conds) -> str:
-    """The rise_onepass row's RESULT fields: vs Rubric-RL (worst seed and base rate, like the RISE-RL fields),
-    vs the two-pass default (AUC difference paired by seed and rate: mean and sd, to compare with the seed
-    noise), and its guided-phase step-time ratios (onepass_step_ratios, on the first condition)."""
-    auc, gain, neg, diff = [], [], [], []
-    for label, _ in conds:
-        a, g, n = vs_rubric(by, "rise_onepass", args.seeds, label)
-        auc, gain, neg = auc + a, gain + g, neg + n
-        for seed in args.seeds:
-            one, two = by.get(("rise_onepass", seed, label)), by.get(("rise", seed, label))
-            if one is not None and two is not None:
-                diff.append(one["auc"] - two["auc"])
-                print(f"  one-pass vs two-pass {label or '-':>7} seed {seed}: AUC {one['auc']:.4f} vs {two['auc']:.4f}"
-                      f"  final reward {one['final_reward']:.4f} vs {two['final_reward']:.4f}  negative rate "
-                      f"{one['negative_rate']:.4f} vs {two['negative_rate']:.4f}")
+def onepass_fields(args, by: dict, conds) -> list[str]:
+    """The rise_onepass row's RESULT fields: its AUC against Rubric-RL and against the two-pass default (paired by
+    seed, main condition), and its guided-phase step-time ratios (onepass_step_ratios, on the first condition)."""
+    from rise_nemo.core.comparison import paired_difference
+
+    label = conds[0][0]
+    vs_rub = paired_difference(*vs_rubric(by, "rise_onepass", args.seeds, label)[0], target=AUC_DIFF_TARGET)
+    vs_two = paired_difference(*vs_rubric(by, "rise_onepass", args.seeds, label, baseline="rise")[0],
+                               target=AUC_DIFF_TARGET)
     revisit = first = float("nan")
     if args.timing_steps > 0:
         revisit, first, times = onepass_step_ratios(args, conds[0][1])
         print(f"step time (median per-step ratio, interleaved): one-pass/Rubric {revisit:.3f} on revisited steps "
               f"(one generate call), {first:.3f} on the first epoch's {times['epoch']} steps (two-pass fallback)")
         (Path(args.out) / "timing_onepass.json").write_text(json.dumps(times))
-    nan = float("nan")
-    return (f" onepass_auc_ratio={min(auc, default=nan):.3f} onepass_reward_gain={min(gain, default=nan):+.4f}"
-            f" onepass_negative_gap={max(neg, default=nan):+.4f}"
-            f" onepass_auc_diff={statistics.mean(diff) if diff else nan:+.4f}"
-            f" onepass_auc_diff_sd={statistics.stdev(diff) if len(diff) > 1 else nan:.4f}"
-            f" step_ratio_guided_onepass={revisit:.3f} step_ratio_guided_onepass_first={first:.3f}")
+    print(f"one-pass - Rubric-RL AUC {vs_rub.text(4)}; one-pass - two-pass AUC {vs_two.text(4)}")
+    return [*vs_rub.fields("onepass_auc_diff_rubric")[:3], *vs_two.fields("onepass_auc_diff")[:3],
+            f"step_ratio_guided_onepass={revisit:.3f}", f"step_ratio_guided_onepass_first={first:.3f}"]
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -51,17 +51,18 @@ def main() -> int:
     torch.set_num_threads(1)
     from rise_nemo.backends import build_critic
     from rise_nemo.config import load_config
-    from rise_nemo.methods import get_method
-    from rise_nemo.orchestration.data import PromptSampler, load_prompts, reasoning_tools
-    from rise_nemo.orchestration.reasoning_eval import format_reasoning_eval
-    from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
-    from rise_nemo.orchestration.reasoning_warm_start import (
+    from rise_nemo.loop.data import PromptSampler, load_prompts
+    from rise_nemo.loop.warm_start import (
         evaluate_heldout,
         format_warm_start_properties,
         warm_start_properties,
         warm_started_backend,
     )
-    from rise_nemo.orchestration.tokens import pad_id_of
+    from rise_nemo.methods.registry import get_method
+    from rise_nemo.steps.reasoning import ReasoningContext, reasoning_train_step
+    from rise_nemo.steps.reasoning_eval import format_reasoning_eval
+    from rise_nemo.steps.rollouts import pad_id_of
+    from rise_nemo.steps.verifiers import build_verifier
 
     args = parse_args()
     recipes = REPO / "recipes"
@@ -100,7 +101,7 @@ def main() -> int:
             if base is None:
                 base = evaluate(cfg, generator, hard)["pass_at_1"]
             train, _ = load_prompts(cfg)
-            verifier, _ = reasoning_tools(cfg)
+            verifier, _ = build_verifier(cfg)
             m = get_method(method)
             critic = build_critic(cfg, policy) if m.critic else None
             ctx = ReasoningContext(cfg=cfg, policy=policy, generator=generator, verifier=verifier, method=m,

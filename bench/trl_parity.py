@@ -1,7 +1,7 @@
 """TRL parity benchmark: our embedded GRPO step (method rubric_rl) side by side with TRL's GRPOTrainer.
 
 Setup: the embedded persistent task's warm-started tiny model (built and cached exactly as a local run
-builds it, rise_nemo.orchestration.run.build_trainer), 8 prompts x 8 samples, 64 new tokens, temperature 1,
+builds it, rise_nemo.loop.run.build_trainer), 8 prompts x 8 samples, 64 new tokens, temperature 1,
 top-p 1, the same rule-judge reward (TRL gets a reward function wrapping the same judge and eq. 3 reward), no KL,
 the same lr / AdamW settings / grad clip, 1 torch thread each. Equal work: step k of both sides trains on the
 same 8 prompts, one optimizer step per batch of 64 rows, 4 micro-batches of 16 rows each (ours:
@@ -120,9 +120,9 @@ def worker_ours(args) -> None:
 
     import torch
 
-    from rise_nemo.orchestration.run import build_trainer
-    from rise_nemo.orchestration.step import train_step
-    from rise_nemo.orchestration.trainer import seed_everything
+    from rise_nemo.loop.run import build_trainer
+    from rise_nemo.loop.trainer import seed_everything
+    from rise_nemo.steps.rubric import train_step
 
     torch.set_num_threads(1)
     run_dir = Path(args.out) / "ours"
@@ -156,14 +156,14 @@ def worker_trl(args, model_dir: str, prompt_ids: list[list[str]], optim: dict, c
 
     from rise_nemo.core.rewards import rubric_reward
     from rise_nemo.interfaces import JudgeRequest
-    from rise_nemo.orchestration.data import load_prompts_checked
-    from rise_nemo.orchestration.run import build_checked_judge
+    from rise_nemo.judges.checked import build_checked_judge
+    from rise_nemo.loop.data import load_prompts_checked
 
     torch.set_num_threads(1)
     cfg = config(args, Path(args.out) / "trl_cfg")
     train_prompts, _ = load_prompts_checked(cfg)
     by_id = {p.prompt_id: p for p in train_prompts}
-    judge = build_checked_judge(cfg)
+    judge = build_checked_judge(cfg.judge)
     clip_min = cfg.reward.clip_min
     timers = {"reward": 0.0, "generate+score": 0.0}
     seen: set[str] = set()  # the prompts TRL trained on this step (checked against ours by the driver)

@@ -60,7 +60,7 @@ def _dispatch(argv: list[str]) -> int:
     module.add_arguments(parser)
     args = parser.parse_intermixed_args(rest)
     from rise_nemo.commands import user_errors
-    from rise_nemo.orchestration.signals import SetupInterrupted
+    from rise_nemo.loop.signals import SetupInterrupted
 
     try:
         return int(module.run(args) or 0)

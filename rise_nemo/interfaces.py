@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -86,6 +86,22 @@ class Generator(Protocol):
         ...
 
 
+@runtime_checkable
+class ResponseDecoder(Protocol):
+    """Optional extension of ``Generator`` (both backends have it): response token ids -> text, as the
+    generator decodes its samples (penalised-span masks map text spans back to tokens with it)."""
+
+    def decode_response(self, token_ids: Sequence[int]) -> str: ...
+
+
+@runtime_checkable
+class ResponseEncoder(Protocol):
+    """Optional extension of ``Generator`` (local backend): response text -> token ids ending with EOS, as a
+    finished generation would be (reference solutions); without it the backend's tokenizer is used."""
+
+    def encode_response(self, text: str) -> list[int]: ...
+
+
 LossFn = Callable[[torch.Tensor, Mapping[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 """loss_fn(logprobs [B, T] aligned with input_ids, micro-batch data) -> (scalar loss, metrics).
 
@@ -118,6 +134,23 @@ class Policy(Protocol):
 
 
 @runtime_checkable
+class FillsPrevLogprobs(Protocol):
+    """Optional extension of ``Policy`` (local backend): ``fills_prev_logprobs`` True = ``train`` takes one
+    optimiser step per call and fills a batch's missing ``prev_logprobs`` from its own training forward, which
+    are pi_old exactly; a caller that needs them only for the loss then skips ``get_logprobs``."""
+
+    fills_prev_logprobs: bool
+
+
+@runtime_checkable
+class StagedPolicy(Protocol):
+    """Optional extension of ``Policy`` (local backend): a pipeline stage that starts from the previous stage's
+    final weights loads only those (a fresh optimiser; a KL reference, if any, becomes these weights)."""
+
+    def begin_stage(self, checkpoint: Path | None = None) -> None: ...
+
+
+@runtime_checkable
 class Critic(Protocol):
     """A value model V(state) for PPO-style methods (RRL, the PPO baseline)."""
 
@@ -136,6 +169,14 @@ class Critic(Protocol):
     def load_checkpoint(self, path: Path) -> None:
         """Restore what ``save_checkpoint(path)`` wrote (as ``Policy``)."""
         ...
+
+
+@runtime_checkable
+class TunableCritic(Protocol):
+    """Optional extension of ``Critic`` (local backend): its optimiser, whose learning rate critic pre-training
+    sets for its own updates (rise_nemo.steps.critic_pretrain)."""
+
+    optimizer: Any
 
 
 @dataclass
@@ -189,6 +230,21 @@ class SpanLocatingJudge(Protocol):
 
 
 @runtime_checkable
+class CountingJudge(Protocol):
+    """Optional extension of a judge (rubric or ExpRL's reference judge): its cumulative counters (calls, cache
+    hits, retries, failures, ...) as ``judge/<name>`` floats for metrics.jsonl."""
+
+    def metrics(self, prefix: str = "judge/") -> dict[str, float]: ...
+
+
+@runtime_checkable
+class StatsJudge(Protocol):
+    """Optional extension of a judge that keeps ``JudgeStats`` (the rule judge) instead of ``metrics()``."""
+
+    stats: JudgeStats
+
+
+@runtime_checkable
 class Verifier(Protocol):
     """Sparse correctness of final answers (the reward of sparse GRPO / PPO / RRL, and pass@k)."""
 
@@ -197,11 +253,18 @@ class Verifier(Protocol):
         ...
 
 
+@runtime_checkable
+class BatchMetricsVerifier(Protocol):
+    """Optional extension of ``Verifier`` (the code reward): metrics of the batch it verified last (the pass
+    fraction and outcome kinds), added to the step's metrics."""
+
+    def batch_metrics(self) -> dict[str, float]: ...
+
+
 class RewardModel(Protocol):
     """A Bradley-Terry reward model (the ``reward_model`` scorer, docs/methods.md "Reward-model reward")."""
 
     calls: int  # conversations scored so far
-    truncated: int  # of them, cut to the model's max length
 
     def score(self, conversations: Sequence[Conversation]) -> list[float]:
         """One scalar per conversation: the prompt's messages + the response as the final assistant turn."""
@@ -210,11 +273,19 @@ class RewardModel(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class TruncatingRewardModel(Protocol):
+    """Optional extension of ``RewardModel`` (local backend): how many of the conversations scored so far were
+    cut to the model's max length (the scorer logs ``rm/truncated`` per step)."""
+
+    truncated: int
+
+
 @dataclass(frozen=True)
 class CheckpointLayout:
     """How a run directory keeps its checkpoints, for commands that pick one (`rise-nemo eval --checkpoint`).
 
-    ``rise_nemo.orchestration.checkpoint.RISE_NEMO_LAYOUT`` is every rise_nemo training loop's; a backend
+    ``rise_nemo.loop.checkpoint.RISE_NEMO_LAYOUT`` is every rise_nemo training loop's; a backend
     whose loop is someone else's (NeMo-RL's distillation, rise_nemo.backends.nemo.checkpoints) provides
     another. Declared here so that backends need not import the orchestration."""
 

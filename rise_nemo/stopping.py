@@ -6,14 +6,14 @@ step, so they are gone within a second; the driver (in the batch step) has until
 default) before its own SIGKILL. A training step still waiting for those servers can never finish in that
 time. So once a stop is requested, a stage that needs a server gives up at its first failure instead of
 retrying, raising ``StopInterrupted``; the trainer then checkpoints the last complete step
-(rise_nemo/orchestration/trainer.py) and exits 0, and the requeued attempt resumes from there.
+(rise_nemo/loop/trainer.py) and exits 0, and the requeued attempt resumes from there.
 """
 
 from __future__ import annotations
 
 import threading
 
-# Set by rise_nemo.orchestration.signals.StopFlag on SIGINT / SIGTERM / SIGUSR1 (and by stop_after);
+# Set by rise_nemo.loop.signals.StopFlag on SIGINT / SIGTERM / SIGUSR1 (and by stop_after);
 # cleared when a StopFlag is entered and left. Read from any thread (the judge's event-loop thread too).
 STOP_REQUESTED = threading.Event()
 

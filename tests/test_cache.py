@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rise_nemo.cache import cache_dir
 from rise_nemo.config import config_from_dict
-from rise_nemo.orchestration.data import warm_start_cache_dir
+from rise_nemo.loop.data import warm_start_cache_dir
 
 
 def test_cache_dir_honours_the_environment_and_defaults_to_the_home_cache(monkeypatch, tmp_path):
@@ -46,7 +46,7 @@ import tiny_task
 import rise_nemo.tasks.sft as sft
 from rise_nemo.backends import build_backend
 from rise_nemo.config import config_from_dict
-from rise_nemo.orchestration.data import warm_start_policy
+from rise_nemo.loop.data import warm_start_policy
 
 tmp, name = Path(sys.argv[1]), sys.argv[2]
 real = sft.sft_phase

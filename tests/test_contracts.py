@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rise_nemo.interfaces import Critic, Policy
-from rise_nemo.orchestration import checkpoint as ckpt
+from rise_nemo.loop import checkpoint as ckpt
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rise_nemo"
 

@@ -17,12 +17,12 @@ chained-arithmetic task (docs/DESIGN.md §7.5).
    core the first time, with progress bars).
 2. Evaluate it on every level's held-out instances and print the per-level table (pass@k, step accuracy)
    and the line checking the warm start's designed properties
-   (rise_nemo/orchestration/reasoning_warm_start.py).
+   (rise_nemo/loop/warm_start.py).
 3. Train PPO and sparse GRPO (and every other method of REASONING_METHODS whose recipe exists, e.g. RRL)
    for --steps from that same warm start, each into its own run directory under --out.
 4. Print the comparison: held-out pass@1 / pass@8 on the training levels and on the hardest level, warm
    start -> after training, per method, with the run directories; write the report (plots + Markdown,
-   rise_nemo.orchestration.reasoning_report) to <out>/report and print its path.
+   rise_nemo.reports.reasoning) to <out>/report and print its path.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def run_rubric(args: argparse.Namespace, recipes: Path, out: Path) -> int:
             return 2
         if run_dir.exists():
             shutil.rmtree(run_dir)  # the demo always trains from the warm start, never resumes
-        from rise_nemo.orchestration.run import build_trainer
+        from rise_nemo.loop.run import build_trainer
 
         print(f"\n=== {method}: {cfg.train.steps} steps, {cfg.sampling.prompts_per_step} prompts x "
               f"{cfg.sampling.group_size} samples per step ({recipes / recipe}) ===", flush=True)
@@ -116,7 +116,7 @@ def run_rubric(args: argparse.Namespace, recipes: Path, out: Path) -> int:
         evals = [json.loads(p.read_text()) for p in sorted((run_dir / "eval").glob("step_*.json"))]
         rows.append((method, args.seed, evals, time.perf_counter() - t0))
 
-    from rise_nemo.orchestration.report import make_report
+    from rise_nemo.reports.report import make_report
 
     report = make_report([out / m for m, _ in DEMO_METHODS], out / "report")
     print(comparison_table(rows))
@@ -128,7 +128,7 @@ def run_rubric(args: argparse.Namespace, recipes: Path, out: Path) -> int:
 def comparison_table(rows) -> str:
     """Final guidance-free numbers per method, then the persistent-coverage curve over the evaluations
     (RISE-RL's expected gain is EARLIER discovery, so the curve and its AUC matter, not only the end)."""
-    from rise_nemo.orchestration.report import curve_auc
+    from rise_nemo.reports.runs import curve_auc
 
     def pct(x):
         return "-" if x is None else f"{100 * x:5.1f}%"
@@ -166,15 +166,15 @@ def run_reasoning(args: argparse.Namespace, recipes: Path, out: Path) -> int:
 
     from rise_nemo.config import ConfigError, load_config
     from rise_nemo.errors import UserError
-    from rise_nemo.orchestration.data import load_prompts_checked, warm_start_cache_dir
-    from rise_nemo.orchestration.reasoning_eval import format_reasoning_eval
-    from rise_nemo.orchestration.reasoning_warm_start import (
+    from rise_nemo.loop.data import load_prompts_checked, warm_start_cache_dir
+    from rise_nemo.loop.run import build_trainer
+    from rise_nemo.loop.warm_start import (
         evaluate_heldout,
         format_warm_start_properties,
         warm_start_properties,
         warm_started_backend,
     )
-    from rise_nemo.orchestration.run import build_trainer
+    from rise_nemo.steps.reasoning_eval import format_reasoning_eval
 
     torch.set_num_threads(1)  # the recipes' local.num_threads is 1 too: a tiny model on a shared CPU
     t_start = time.perf_counter()
@@ -236,7 +236,7 @@ def run_reasoning(args: argparse.Namespace, recipes: Path, out: Path) -> int:
                      "before": evals[0] if evals and evals[0]["step"] == 0 else base, "after": evals[-1]})
 
     # 4. The comparison, and the report (plots + Markdown) over every method's run.
-    from rise_nemo.orchestration.report import make_report
+    from rise_nemo.reports.report import make_report
 
     print(reasoning_comparison_table(rows))
     print(f"\nreport: {make_report([row['run_dir'] for row in rows], out / 'report')}")
@@ -247,8 +247,8 @@ def run_reasoning(args: argparse.Namespace, recipes: Path, out: Path) -> int:
 def reasoning_comparison_table(rows: list[dict]) -> str:
     """Held-out pass@1 / pass@8 pooled over the training levels and on the hardest level: warm start ->
     after training, per method, with the training time and run directory."""
-    from rise_nemo.orchestration.reasoning_report import levels_name
-    from rise_nemo.orchestration.reasoning_warm_start import pooled_pass_at_k
+    from rise_nemo.reports.reasoning import levels_name
+    from rise_nemo.steps.reasoning_eval import pooled_pass_at_k
 
     def pct(x):
         return "-" if x is None else f"{100 * x:.1f}%"

@@ -23,8 +23,8 @@ def run(args: argparse.Namespace) -> int:
     from rise_nemo.backends.nemo.distill import distillation_recipe, resume_step, run_distillation
     from rise_nemo.config.loader import load_config
     from rise_nemo.errors import UserError
-    from rise_nemo.orchestration.data import load_prompts_checked
-    from rise_nemo.orchestration.rundir import RunDirLock, check_resume, write_config
+    from rise_nemo.loop.data import load_prompts_checked
+    from rise_nemo.loop.rundir import RunDirLock, check_resume, write_config
 
     env_sources: dict[str, str] = {}
     cfg = load_config(args.config, list(args.overrides), env_sources=env_sources)

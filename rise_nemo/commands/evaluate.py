@@ -12,7 +12,7 @@ refused before any work starts.
 On reasoning problems (``data.source: chain_arithmetic``, or the files of a verifier-scored method: GSM8K,
 MATH, APPS, HH-RLHF with its reward model's preference over the chosen reply) it reports unbiased pass@k for k = 1, 2, 4,
 ..., eval.samples_per_prompt per difficulty level, step accuracy, mean token entropy and response length
-(rise_nemo.orchestration.reasoning_eval).
+(rise_nemo.steps.reasoning_eval).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     run_dir = Path(args.run_dir) if args.run_dir else None
     if run_dir is not None and (run_dir / "pipeline.json").is_file():
-        from rise_nemo.orchestration.pipeline import expand_pipeline_dirs
+        from rise_nemo.loop.pipeline import expand_pipeline_dirs
 
         run_dir = Path(expand_pipeline_dirs([run_dir])[-1])  # a pipeline's model is its last stage's
         print(f"rise-nemo eval: {args.run_dir} is a pipeline directory: evaluating its last stage, {run_dir}",
@@ -86,18 +86,27 @@ def run(args: argparse.Namespace) -> int:
     env_sources: dict[str, str] = {}
     cfg = load_config(config, args.overrides, env_sources=env_sources)
 
-    from rise_nemo.orchestration.evaluate import evaluate
-    from rise_nemo.orchestration.run import build_checked_judge, load_eval_model
+    from rise_nemo.judges.checked import build_checked_judge
+    from rise_nemo.loop.run import load_eval_model
+    from rise_nemo.methods.registry import get_method
+    from rise_nemo.steps.rubric_eval import evaluate
+    from rise_nemo.steps.verifiers import check_verifier
 
-    reasoning = _is_reasoning(cfg)
+    # Problems (the embedded reasoning task, GSM8K / MATH / APPS / HH-RLHF rows of a method on problems) are
+    # scored by their verifier, rubric prompts by the judge.
+    method = get_method(str(cfg.method))
+    reasoning = method.data == "problems"
+    if reasoning:
+        check_verifier(cfg)  # its extra, the reward model's path: before anything is read or built
 
     def check_eval(eval_prompts: Any) -> Any:
+        """Before the model is built and anything generated: held-out prompts, and the judge of rubric prompts
+        (built, HTTP judges probed)."""
         if not eval_prompts:
             raise UserError("the recipe has no held-out prompts (data.eval_path)")
-        # Reasoning tasks are scored by their verifier: no judge to build or probe.
-        return None if reasoning else build_checked_judge(cfg)
+        return None if reasoning else build_checked_judge(cfg.judge)
 
-    model = load_eval_model(cfg, run_dir, args.checkpoint, env_sources, before_build=check_eval)
+    model = load_eval_model(cfg, run_dir, args.checkpoint, env_sources, before_build=check_eval, method=method)
     if run_dir is not None and model.checkpoint is None:
         print(f"rise-nemo eval: {run_dir} has no complete checkpoint; evaluating the initial policy", file=sys.stderr)
     generator, judge, eval_prompts, step = model.generator, model.checked, model.eval_prompts, model.step
@@ -118,22 +127,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-REASONING_SOURCES = ("chain_arithmetic",)
-
-
-def _is_reasoning(cfg) -> bool:
-    """Problems scored by the task's verifier: the embedded reasoning task, or files of a verifier-scored method
-    (GSM8K / MATH / APPS / HH-RLHF rows; load_prompts reads them as reasoning problems)."""
-    from rise_nemo.methods import get_method
-
-    return cfg.data.source in REASONING_SOURCES or (cfg.data.source == "jsonl" and get_method(str(cfg.method)).verifier)
-
-
 def _run_suite(args: argparse.Namespace) -> int:
     """`eval --suite NAME MODEL`: generate (rise_nemo.evals.generate), then score like `rise-nemo score`."""
     import sys
 
-    from rise_nemo.commands.score import print_suites, score_and_report
+    from rise_nemo.commands.score import close_scoring, prepare_scoring, print_suites, score_and_report
     from rise_nemo.errors import UserError, check_output_path
     from rise_nemo.evals import get_suite
     from rise_nemo.evals.generate import generate_responses, load_generator
@@ -157,19 +155,24 @@ def _run_suite(args: argparse.Namespace) -> int:
     if args.limit is not None:
         items = items[:args.limit]
         args.partial = True
-    if suite.needs_baseline and not args.baseline and suite.default_baseline(items) is None:
-        raise UserError(f"suite {suite.name}: give --baseline FILE (the baseline model's responses)")
-    generator, described = load_generator(str(model), args.checkpoint, args.overrides)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                            seed=args.seed)
-    out.mkdir(parents=True, exist_ok=True)
-    responses = out / f"{suite.name}.responses.jsonl"
-    samples = generate_responses(generator, items, args.samples, params, responses,
-                                 progress=lambda line: print(line, file=sys.stderr, flush=True))
+    # Everything scoring needs (the suite's extra, sandbox, baseline, judge) before the model is loaded and the
+    # first response generated: on a real model, generating 1,319 GSM8K answers before an error costs an hour.
+    ctx, info = prepare_scoring(suite, items, args, out)
+    try:
+        generator, described = load_generator(str(model), args.checkpoint, args.overrides)
+        params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                                seed=args.seed)
+        out.mkdir(parents=True, exist_ok=True)
+        responses = out / f"{suite.name}.responses.jsonl"
+        samples = generate_responses(generator, items, args.samples, params, responses,
+                                     progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except BaseException:
+        close_scoring(ctx)
+        raise
     sampling = {"samples": args.samples, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                 "top_p": args.top_p, "seed": args.seed}
     score_and_report(suite, items, samples, args, out,
-                     {"responses": str(responses), "generation": {**described, **sampling}})
+                     {**info, "responses": str(responses), "generation": {**described, **sampling}}, ctx)
     return 0
 
 
@@ -199,11 +202,11 @@ def _fresh_path(folder: Path, step: int) -> Path:
 
 def _reasoning_eval(cfg, generator, problems, step: int) -> tuple[dict, str]:
     """pass@k per level on a reasoning task: (result, printable table)."""
-    from rise_nemo.orchestration.data import reasoning_tools
-    from rise_nemo.orchestration.evaluate import eval_sampling_params
-    from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning, format_reasoning_eval
+    from rise_nemo.steps.reasoning_eval import evaluate_reasoning, format_reasoning_eval
+    from rise_nemo.steps.rollouts import eval_sampling_params
+    from rise_nemo.steps.verifiers import build_verifier
 
-    verifier, step_accuracy = reasoning_tools(cfg)
+    verifier, step_accuracy = build_verifier(cfg)
     result = evaluate_reasoning(generator, verifier, problems, int(cfg.eval.samples_per_prompt),
                                 eval_sampling_params(cfg, step), step, step_accuracy=step_accuracy)
     return result, format_reasoning_eval(result)

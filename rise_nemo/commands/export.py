@@ -18,7 +18,7 @@ def export_arguments(run_dir: str | Path, out_dir: str | Path) -> dict:
     """``rise_nemo.backends.nemo.export.export_arguments`` for ``run_dir``'s latest complete checkpoint."""
     from rise_nemo.backends.nemo.export import export_arguments as nemo_export_arguments
     from rise_nemo.errors import UserError
-    from rise_nemo.orchestration.checkpoint import latest_checkpoint
+    from rise_nemo.loop.checkpoint import latest_checkpoint
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():

@@ -1,5 +1,5 @@
 """`rise-nemo pipeline FILE [key=value ...]`: run (or resume) a multi-stage pipeline, e.g. ExpRL's Stage I then
-Stage II from Stage I's final checkpoint (rise_nemo.orchestration.pipeline; docs/DESIGN.md §8), then write a
+Stage II from Stage I's final checkpoint (rise_nemo.loop.pipeline; docs/DESIGN.md §8), then write a
 report covering every stage to ``<pipeline dir>/report``.
 
 Overrides apply to every stage (e.g. ``run.seed=1``). Each stage has its own run directory and resumes from
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rise_nemo.commands.train import setup_logging
-    from rise_nemo.orchestration.pipeline import load_pipeline, run_pipeline, stage_config, stage_done
+    from rise_nemo.loop.pipeline import load_pipeline, run_pipeline, stage_config, stage_done
 
     setup_logging()
     pipeline = load_pipeline(args.pipeline, args.dir)
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     complete = all(stage_done(d, int(stage_config(pipeline, s, args.overrides).train.steps))
                    for s, d in zip(pipeline.stages, dirs))
     if complete and not args.no_report:
-        from rise_nemo.orchestration.report import make_report
+        from rise_nemo.reports.report import make_report
 
         print(f"report: {make_report([str(d) for d in dirs], str(pipeline.dir / 'report'))}")
     print(f"pipeline directory: {pipeline.dir.resolve()}" + ("" if complete else " (not finished: run the same command again)"))

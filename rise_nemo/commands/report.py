@@ -25,8 +25,8 @@ def run(args: argparse.Namespace) -> int:
 
     from rise_nemo.errors import check_output_path
     from rise_nemo.evals.report import suite_results_dir, suites_markdown
-    from rise_nemo.orchestration.pipeline import expand_pipeline_dirs
-    from rise_nemo.orchestration.report import make_report
+    from rise_nemo.loop.pipeline import expand_pipeline_dirs
+    from rise_nemo.reports.report import make_report
 
     if args.out is not None:
         check_output_path(args.out, "--out", directory=True)  # before any run is read or plotted

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 HELP = "Score responses on an evaluation suite (aime, math500, gsm8k, gpqa_diamond, healthbench, ...)"
 
@@ -69,20 +70,26 @@ def run(args: argparse.Namespace) -> int:
     check_output_path(out, "--out", directory=True)
     items = suite.load(args.data)
     samples = read_responses(args.responses, len(items), partial=args.partial)
-    score_and_report(suite, items, samples, args, out, {"responses": str(args.responses)})
+    ctx, info = prepare_scoring(suite, items, args, out)
+    score_and_report(suite, items, samples, args, out, {**info, "responses": str(args.responses)}, ctx)
     return 0
 
 
-def score_and_report(suite, items, samples, args: argparse.Namespace, out: Path, info: dict) -> None:
-    """Build the judge / baseline the suite needs, score, write ``out/<suite>.{json,md}``, print the table
-    and the SCORE line (shared by `score` and `eval --suite`)."""
+def prepare_scoring(suite, items, args: argparse.Namespace, out: Path) -> tuple[Any, dict]:
+    """Everything scoring needs, checked and built before any response is generated or read (shared by `score`
+    and `eval --suite`): the suite's own needs (``Suite.check``: math-verify, the code sandbox, the rule
+    judge's extra), the baseline of a pairwise suite and the judge of a judged one (an HTTP judge's extra and
+    key; its cache under ``out``), each failure one line. Returns (ScoreContext, what goes into the result's
+    info)."""
     import sys
 
     from rise_nemo.errors import UserError
-    from rise_nemo.evals.base import ScoreContext, score_line, write_result
+    from rise_nemo.evals.base import ScoreContext
 
+    suite.check(args.judge_url)
     ctx = ScoreContext(seed=args.seed, bootstrap=args.bootstrap,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
+    info: dict = {}
     if suite.needs_baseline:
         if args.baseline:
             ctx.baseline = suite.read_baseline(args.baseline, items, args.partial)
@@ -102,11 +109,23 @@ def score_and_report(suite, items, samples, args: argparse.Namespace, out: Path,
         ctx.judge.use_cache(out / f"{suite.name}.judge_cache.jsonl")  # an interrupted run resumes
     elif args.judge_url:
         raise UserError(f"--judge-url: suite {suite.name} is scored without a judge")
+    return ctx, info
+
+
+def close_scoring(ctx: Any) -> None:
+    if ctx.judge is not None:
+        ctx.judge.close()
+
+
+def score_and_report(suite, items, samples, args: argparse.Namespace, out: Path, info: dict, ctx: Any) -> None:
+    """Score with ``ctx`` (``prepare_scoring``), write ``out/<suite>.{json,md}``, print the table and the SCORE
+    line (shared by `score` and `eval --suite`); the judge is closed afterwards."""
+    from rise_nemo.evals.base import score_line, write_result
+
     try:
         result = suite.score(items, samples, ctx)
     finally:
-        if ctx.judge is not None:
-            ctx.judge.close()
+        close_scoring(ctx)
     result.info.update({"data": str(args.data) if args.data else f"shipped: {suite.default_data}",
                         "seed": args.seed, **info})
     json_path, md_path = write_result(result, out)

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     # with one line on stderr and Ray shut down (rise_nemo.backends.nemo.failfast).
     from rise_nemo.backends.nemo.failfast import fail_fast
     from rise_nemo.commands import user_errors
-    from rise_nemo.orchestration.trainer import resolve_run_dir
+    from rise_nemo.loop.trainer import resolve_run_dir
 
     run_dir = args.run_dir if args.run_dir is not None else resolve_run_dir(cfg)
     with fail_fast("rise-nemo train", run_dir=lambda: run_dir, user_errors=user_errors()):
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(cfg, args: argparse.Namespace, env_sources: dict[str, str]) -> int:
-    from rise_nemo.orchestration.run import build_trainer
+    from rise_nemo.loop.run import build_trainer
 
     trainer = build_trainer(cfg, run_dir=args.run_dir, stop_after=args.stop_after,
                             allow_config_change=args.allow_config_change, env_sources=env_sources)

@@ -14,11 +14,10 @@ from rise_nemo.config.loader import (
     to_yaml,
     validate_tree,
 )
-from rise_nemo.config.schema import BACKENDS, METHODS, RecipeCfg
+from rise_nemo.config.schema import BACKENDS, RecipeCfg
 
 __all__ = [
     "BACKENDS",
-    "METHODS",
     "ConfigError",
     "RecipeCfg",
     "apply_override",

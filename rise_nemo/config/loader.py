@@ -26,6 +26,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from rise_nemo.config.schema import RANGE_CHECKS, RecipeCfg, renamed_key_message
+from rise_nemo.methods.registry import DEFAULT_METHOD, METHODS, MethodRecipeError
 
 OVERRIDE_SOURCE = "command-line override"
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_0-9][A-Za-z0-9_\-]*)*$")
@@ -333,13 +334,19 @@ def _validate_block(cls: Any, tree: Mapping[str, Any], prefix: str, prov, fallba
 def validate_tree(tree: Mapping[str, Any], prov: Mapping[str, str] | None = None, source: str = "recipe") -> dict:
     """Validate a merged tree against the schema; returns a plain dict with every default filled in.
 
-    The method's own defaults (rise_nemo.methods, e.g. PPO's KL 0.001) fill keys the recipe leaves out."""
-    return _validate_block(RecipeCfg, _with_method_defaults(tree), "", prov or {}, source)
+    The method's own defaults (rise_nemo.methods, e.g. PPO's KL 0.001) fill keys the recipe leaves out; the
+    method then checks what the recipe pairs it with (``Method.check_recipe``: a scorer of another step kind,
+    an advantage estimator without the scores it needs), each refusal one line naming the key."""
+    prov = prov or {}
+    out = _validate_block(RecipeCfg, _with_method_defaults(tree), "", prov, source)
+    try:
+        METHODS[out["method"]].check_recipe(out)
+    except MethodRecipeError as exc:
+        raise ConfigError(f"{_where(prov, exc.key, source)}: key {exc.key!r}: {exc}") from None
+    return out
 
 
 def _with_method_defaults(tree: Mapping[str, Any]) -> dict[str, Any]:
-    from rise_nemo.methods import DEFAULT_METHOD, METHODS
-
     name = tree.get("method", DEFAULT_METHOD)
     method = METHODS.get(name) if isinstance(name, str) else None
     out = _copy(dict(tree))

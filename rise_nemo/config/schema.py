@@ -13,10 +13,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from rise_nemo.core.loss_defaults import LOSS_DEFAULTS, LOSS_RULES
-from rise_nemo.methods import DEFAULT_METHOD, METHOD_NAMES
-from rise_nemo.methods import METHODS as _REGISTRY
+from rise_nemo.methods.registry import DEFAULT_METHOD
+from rise_nemo.methods.registry import METHODS as _REGISTRY
 
-METHODS = METHOD_NAMES  # the built-in methods of the one registry (rise_nemo.methods; register_method adds more)
 BACKENDS = ("local", "nemo")
 
 
@@ -131,9 +130,10 @@ class RewardCfg:
     clip_min: float | None = None  # e.g. 0.0 to clip negative HealthBench-style scores
     overlong_buffer: int = 0  # tokens before max_new_tokens where the penalty ramps in; 0 = off
     overlong_factor: float = 0.5
-    # The registered scorer that rewards the reasoning step's rollouts (rise_nemo.methods ``@register_scorer``);
-    # null = the method's own (``Method.scorer``). ``reward_model``: a Bradley-Terry reward model's score
-    # (the ``reward_model:`` block; rise_nemo.orchestration.reward_model).
+    # A scorer of the reasoning step (rise_nemo.methods.registry: REASONING.scorers) that rewards its rollouts
+    # instead of the method's own (``ReasoningMethod.scorer``); null = the method's own. Only reasoning methods take
+    # one (the config loader refuses it for any other). ``reward_model``: a Bradley-Terry reward model's score
+    # (the ``reward_model:`` block; rise_nemo.steps.reward_model).
     scorer: str | None = None
 
 
@@ -201,7 +201,7 @@ class PpoCfg:
 
 @dataclass
 class ExprlCfg:
-    """ExpRL's reference judge and segmentation (rise_nemo.orchestration.exprl, docs/DESIGN.md §8). The judge
+    """ExpRL's reference judge and segmentation (rise_nemo.steps.exprl, docs/DESIGN.md §8). The judge
     itself is the ``judge:`` block: type rule (the embedded task's rule judge) or http (an LLM over the
     HTTP judge stack)."""
 
@@ -233,7 +233,7 @@ class RrlStabiliseCfg:
 
 @dataclass
 class RrlCfg:
-    """Retrospective replay (method rrl; rise_nemo.orchestration.rrl, docs/DESIGN.md §9). Paper defaults."""
+    """Retrospective replay (method rrl; rise_nemo.steps.rrl, docs/DESIGN.md §9). Paper defaults."""
 
     beta: float = 0.4  # replay coefficient: p = beta * step / steps_per_epoch in epoch 1, beta after (Alg. 1, l. 4)
     steps_per_epoch: int | None = None  # null = ceil(training problems / sampling.prompts_per_step)
@@ -243,7 +243,7 @@ class RrlCfg:
     state_sources: list[Literal["policy", "canonical"]] = field(default_factory=lambda: ["policy", "canonical"])
     # allowed cut points (core.replay.state_boundaries): after a line break (real solutions: one step a line),
     # before ``step_marker`` (the embedded task, whose recipe sets it), or any token. A granularity that cuts none
-    # of the training references is refused (orchestration.rrl.check_granularity).
+    # of the training references is refused (steps.rrl.check_granularity).
     granularity: Literal["token", "line", "step"] = "line"
     step_marker: str = "step"  # granularity step: a state ends before this marker (the embedded task's steps)
     stabilise: RrlStabiliseCfg = field(default_factory=RrlStabiliseCfg)
@@ -306,7 +306,7 @@ class EvalCfg:
     top_p: float | None = None  # None -> sampling.top_p
     max_new_tokens: int | None = None  # None -> sampling.max_new_tokens
     persistent_tag: str = "persistent"  # criteria carrying this tag count towards persistent coverage
-    # The evaluation at step s samples on the stream of step stream_offset + s (orchestration.evaluate). A
+    # The evaluation at step s samples on the stream of step stream_offset + s (steps.rubric_eval). A
     # pipeline stage that starts from the previous stage's final weights (init: previous) gets the step those
     # weights come from, so its step-0 evaluation repeats the previous stage's final one exactly (pipeline.py).
     stream_offset: int = 0
@@ -316,7 +316,7 @@ class EvalCfg:
 class RecipeCfg:
     run: RunCfg = field(default_factory=RunCfg)
     backend: Literal["local", "nemo"] = "local"
-    method: str = DEFAULT_METHOD  # a registered method (rise_nemo.methods.METHODS; checked in RANGE_CHECKS)
+    method: str = DEFAULT_METHOD  # a registered method (rise_nemo.methods.registry.METHODS; checked in RANGE_CHECKS)
     rise: RiseCfg = field(default_factory=RiseCfg)
     sampling: SamplingCfg = field(default_factory=SamplingCfg)
     policy_loss: PolicyLossCfg = field(default_factory=PolicyLossCfg)

@@ -38,10 +38,14 @@ TASK_VERSION = 2
 MAX_MODULUS = 128  # the built-in vocabulary holds the numbers 0..127
 LABELS = "abcdefghijkl"  # operation labels; at most 12 steps
 STEP, ANSWER = "step", "answer"
-OPS = {"add": 1, "sub": -1}
+OPS = {"add": 1, "sub": -1}  # the operations problems are drawn from (their order fixes the draws)
+# The hidden operation (``hidden_op``; ExpRL's premise task): its word appears in prompts, its meaning
+# (subtract the operand) appears nowhere but in the reference's results, and the warm start writes it wrong.
+HIDDEN_OP = "zap"
+SIGNS = {**OPS, HIDDEN_OP: -1}  # what every operation does to the running value
 _ANSWER_RE = re.compile(r"\banswer\s+(-?\d+)")
-_STEP_RE = re.compile(r"\bstep\s+[a-l]\s+(add|sub)\s+(\d+)\s*=\s*(-?\d+)")
-_PROBLEM_RE = re.compile(r"^mod (\d+) start (\d+)((?: [a-l] (?:add|sub) \d+)+)$")
+_STEP_RE = re.compile(r"\bstep\s+[a-l]\s+(add|sub|zap)\s+(\d+)\s*=\s*(-?\d+)")
+_PROBLEM_RE = re.compile(r"^mod (\d+) start (\d+)((?: [a-l] (?:add|sub|zap) \d+)+)$")
 
 
 REFERENCE_STYLES = ("full", "sketch")
@@ -73,6 +77,10 @@ class ChainTaskConfig:
     late_from: int | None = None  # late-only skill: steps late_from.. use the late operand range; None = off
     late_operand_min: int = 6  # the late steps' operands (only with late_from)
     late_operand_max: int = 12
+    # ExpRL's premise task: one step of every problem (a uniformly drawn position) is ``zap k``, an operation
+    # whose meaning the prompt never states (HIDDEN_OP, SIGNS); only the reference's results carry it. Needs
+    # the tokenizer builtin:reasoning_task_zap (the word is not in today's vocabulary). False = today's task.
+    hidden_op: bool = False
 
     @classmethod
     def from_mapping(cls, cfg: Mapping | None) -> ChainTaskConfig:
@@ -92,6 +100,8 @@ class ChainTaskConfig:
         for key in ("operand_max", "train_per_level", "heldout_per_level"):
             if int(getattr(out, key)) < 1:
                 raise ReasoningTaskError(f"data.task.{key}: expected an integer >= 1, got {getattr(out, key)!r}")
+        if not isinstance(out.hidden_op, bool):
+            raise ReasoningTaskError(f"data.task.hidden_op: expected true or false, got {out.hidden_op!r}")
         if out.reference not in REFERENCE_STYLES:
             raise ReasoningTaskError(f"data.task.reference: expected one of {list(REFERENCE_STYLES)}, "
                                      f"got {out.reference!r}")
@@ -135,7 +145,7 @@ class Chain:
         """The clean intermediate results, one per step."""
         out, v = [], self.start
         for op, k in self.ops:
-            v = (v + OPS[op] * k) % self.modulus
+            v = (v + SIGNS[op] * k) % self.modulus
             out.append(v)
         return out
 
@@ -173,10 +183,16 @@ class Chain:
 
 
 def random_chain(rng: random.Random, modulus: int, steps: int, operand_max: int,
-                 late: tuple[int, int, int] | None = None) -> Chain:
-    """``late`` = (late_from, low, high): steps late_from.. (1-based) draw operands from low..high."""
+                 late: tuple[int, int, int] | None = None, hidden_op: bool = False) -> Chain:
+    """``late`` = (late_from, low, high): steps late_from.. (1-based) draw operands from low..high.
+    ``hidden_op``: then one uniformly drawn step becomes HIDDEN_OP with its drawn operand (one extra draw,
+    after the others, so the rest of the instance is what today's task draws)."""
     ops = tuple((rng.choice(tuple(OPS)), rng.randint(*_operand_range(i, operand_max, late))) for i in range(steps))
-    return Chain(modulus, rng.randrange(modulus), ops)
+    start = rng.randrange(modulus)
+    if hidden_op:
+        where = rng.randrange(steps)
+        ops = tuple((HIDDEN_OP, k) if i == where else (op, k) for i, (op, k) in enumerate(ops))
+    return Chain(modulus, start, ops)
 
 
 def _operand_range(index: int, operand_max: int, late: tuple[int, int, int] | None) -> tuple[int, int]:
@@ -221,28 +237,45 @@ class ChainTask:
             del cfg["reference"]  # the control's fingerprint stays as it was before the key existed
         for key in ("late_from", "late_operand_min", "late_operand_max"):
             cfg.pop(key)
+        if not cfg["hidden_op"]:
+            del cfg["hidden_op"]  # today's task keeps its fingerprint
         spec = {"cfg": cfg, "version": TASK_VERSION, **self._late_spec()}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
-    def warm_start_fingerprint(self) -> str:
+    def warm_start_fingerprint(self, late_from_mix: Sequence[int] | None = None) -> str:
         """What the warm start depends on: the instance distribution and the held-out set (not the RL
-        training levels), so recipes that differ only in their RL training set share one cached warm start."""
+        training levels), so recipes that differ only in their RL training set share one cached warm start.
+        ``late_from_mix``: a warm start that draws each instance's first late step from these positions
+        (``data.warm_start.late_from_mix``), shared by the tasks whose ``late_from`` is one of them."""
         c = self.cfg
         spec = {"seed": c.seed, "modulus": c.modulus, "max_steps": c.max_steps, "operand_max": c.operand_max,
                 "heldout_per_level": c.heldout_per_level, "version": TASK_VERSION, **self._late_spec()}
+        if late_from_mix is not None and self.late is not None:
+            spec["late"] = [sorted(int(x) for x in late_from_mix), self.late[1], self.late[2]]
+        if c.hidden_op:
+            spec["hidden_op"] = HIDDEN_OP
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
     def without_late(self) -> ChainTask:
         """The same task without its late-only skill (today's task of the same seed and sizes)."""
+        return self.with_late_from(None)
+
+    def with_late_from(self, late_from: int | None) -> ChainTask:
+        """The same task with its late skill from step ``late_from`` (None: without it)."""
         from dataclasses import replace
 
-        return make_chain_task(**{**asdict(replace(self.cfg, late_from=None)), "train_levels": self.cfg.train_levels})
+        return make_chain_task(**{**asdict(replace(self.cfg, late_from=late_from)),
+                                  "train_levels": self.cfg.train_levels})
 
-    def sample_sft_chain(self, rng: random.Random, steps: int) -> Chain:
-        """A fresh instance of ``steps`` steps that is not held out."""
+    def sample_sft_chain(self, rng: random.Random, steps: int, late_from: int | None = None,
+                         exclude: frozenset | None = None) -> Chain:
+        """A fresh instance of ``steps`` steps that is not held out (not in ``exclude``, default the task's
+        held-out instances); ``late_from`` moves the late skill's first step (a task with one)."""
+        late = self.late if late_from is None or self.late is None else (int(late_from), *self.late[1:])
+        held = self.heldout_keys if exclude is None else exclude
         while True:
-            chain = random_chain(rng, self.cfg.modulus, steps, self.cfg.operand_max, self.late)
-            if chain.key not in self.heldout_keys:
+            chain = random_chain(rng, self.cfg.modulus, steps, self.cfg.operand_max, late, self.cfg.hidden_op)
+            if chain.key not in held:
                 return chain
 
 
@@ -254,14 +287,14 @@ def make_chain_task(**kwargs) -> ChainTask:
     heldout, seen = [], set()
     for level in range(1, cfg.max_steps + 1):
         for i in range(cfg.heldout_per_level):
-            chain = random_chain(rng, cfg.modulus, level, cfg.operand_max, late)
+            chain = random_chain(rng, cfg.modulus, level, cfg.operand_max, late, cfg.hidden_op)
             seen.add(chain.key)
             heldout.append(chain.problem(f"chain-heldout-L{level:02d}-{i:03d}", cfg.reference))
     train = []
     for level in cfg.train_levels or range(1, cfg.max_steps + 1):
         i = 0
         while i < cfg.train_per_level:
-            chain = random_chain(rng, cfg.modulus, level, cfg.operand_max, late)
+            chain = random_chain(rng, cfg.modulus, level, cfg.operand_max, late, cfg.hidden_op)
             if chain.key in seen:
                 continue
             train.append(chain.problem(f"chain-train-L{level:02d}-{i:03d}", cfg.reference))
@@ -269,9 +302,60 @@ def make_chain_task(**kwargs) -> ChainTask:
     return ChainTask(cfg, train, heldout, frozenset(seen))
 
 
-def vocabulary_corpus() -> list[str]:
-    """Every word the task's prompts and responses use (the built-in ``reasoning_task`` tokenizer)."""
-    return ["mod start add sub step answer =", " ".join(LABELS), " ".join(str(n) for n in range(MAX_MODULUS))]
+# ---- independent replications --------------------------------------------------------------------
+#
+# A method comparison over seeds replicates the whole experiment only when every seed has its own problems
+# (bench/embedded_rrl.py, bench/embedded_exprl.py). The warm start is expensive and depends on the task's
+# ``seed``, so seeds keep one warm start and draw their own training and held-out problems from their own
+# streams. The warm start never trains on the task's held-out instances, but it draws ~8,000 fresh instances
+# per level, so a fresh held-out problem is unseen only with high probability: ``fresh_problems`` draws
+# held-out problems only at levels with at least MIN_HELDOUT_SPACE distinct instances (level >= 8 of today's
+# task: 61 x 10^8), where the expected number of a seed's held-out problems the warm start met is below 1e-3.
+
+MIN_HELDOUT_SPACE = 10**9
+
+
+def instance_space(cfg: ChainTaskConfig, level: int) -> int:
+    """The number of distinct instances with ``level`` steps: start values x (operations x operands) per step
+    (x the hidden step's position, whose operation is then fixed, with ``hidden_op``)."""
+    n = cfg.modulus * (level if cfg.hidden_op else 1)
+    for i in range(level):
+        low, high = _operand_range(i, cfg.operand_max, cfg.late)
+        n *= len(OPS) * (high - low + 1)
+    return n // (len(OPS) if cfg.hidden_op else 1)
+
+
+def fresh_problems(task: ChainTask, stream: str, level: int, count: int, heldout: bool = False,
+                   exclude: frozenset | set = frozenset()) -> list[ReasoningProblem]:
+    """``count`` distinct problems of ``level`` steps from the stream named ``stream`` (the same name gives the
+    same problems), none of them one of the task's own held-out or training instances or in ``exclude`` (keys,
+    ``Chain.key``). ``heldout=True`` (evaluation problems) refuses levels with fewer than MIN_HELDOUT_SPACE
+    instances, where the warm start may have met them. Prompt ids ``<stream>-L<level>-<i>``."""
+    if not 1 <= level <= task.cfg.max_steps:
+        raise ReasoningTaskError(f"fresh problems: level {level} outside 1..{task.cfg.max_steps}")
+    space = instance_space(task.cfg, level)
+    if heldout and space < MIN_HELDOUT_SPACE:
+        raise ReasoningTaskError(f"fresh held-out problems: level {level} has only {space} distinct instances "
+                                 f"(< {MIN_HELDOUT_SPACE}); the warm start may have trained on them")
+    if count > space // 2:
+        raise ReasoningTaskError(f"fresh problems: {count} of level {level} asked, only {space} instances exist")
+    rng = random.Random(f"chain-fresh-{task.cfg.seed}-{stream}-{level}")
+    taken = set(task.heldout_keys) | {problem_chain(p).key for p in task.train} | set(exclude)
+    out: list[ReasoningProblem] = []
+    while len(out) < count:
+        chain = random_chain(rng, task.cfg.modulus, level, task.cfg.operand_max, task.late, task.cfg.hidden_op)
+        if chain.key in taken:
+            continue
+        taken.add(chain.key)
+        out.append(chain.problem(f"{stream}-L{level:02d}-{len(out):03d}", task.cfg.reference))
+    return out
+
+
+def vocabulary_corpus(hidden_op: bool = False) -> list[str]:
+    """Every word the task's prompts and responses use: the built-in ``reasoning_task`` tokenizer, and with
+    ``hidden_op`` the ``reasoning_task_zap`` one (the same words and HIDDEN_OP)."""
+    ops = "mod start add sub step answer =" + (f" {HIDDEN_OP}" if hidden_op else "")
+    return [ops, " ".join(LABELS), " ".join(str(n) for n in range(MAX_MODULUS))]
 
 
 # ---- checking ------------------------------------------------------------------------------------
@@ -301,7 +385,7 @@ def step_accuracy(problem: ReasoningProblem, response: str) -> tuple[int, int]:
     for i, (op, k, v) in enumerate(_STEP_RE.findall(response)):
         total += 1
         value = int(v)
-        if i < len(chain.ops) and (op, int(k)) == chain.ops[i] and value == (prev + OPS[op] * int(k)) % chain.modulus:
+        if i < len(chain.ops) and (op, int(k)) == chain.ops[i] and value == (prev + SIGNS[op] * int(k)) % chain.modulus:
             correct += 1
         prev = value
     return correct, total
@@ -312,6 +396,38 @@ def leading_correct_steps(problem: ReasoningProblem, response: str) -> int:
     the response has reached step m + 1 with a correct prefix when this is >= m (RRL's reach rate)."""
     ref, got = _written_steps(problem.reference_solution), _written_steps(response)
     return next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
+
+
+def exact_solution(problem: ReasoningProblem, response: str) -> bool:
+    """Whether the response is the clean solution: exactly the problem's L steps, each with the right label,
+    operation, operand and intermediate result, and the right answer. Stricter than the verifier (answer
+    only): a wrong path whose errors cancel mod M reaches the right answer but is not an exact solution."""
+    clean = _written_steps(problem_chain(problem).solution_text())
+    return _written_steps(response) == clean and final_answer(response) == problem.answer
+
+
+class ExactSolutionVerifier:
+    """interfaces.Verifier that accepts exact solutions only (``exact_solution``); always decidable."""
+
+    def verify(self, problems: Sequence[ReasoningProblem], responses: Sequence[str]) -> list[bool | None]:
+        if len(problems) != len(responses):
+            raise ValueError(f"verify: {len(problems)} problems but {len(responses)} responses")
+        return [exact_solution(p, r) for p, r in zip(problems, responses)]
+
+
+def reach_profile(problems: Sequence[ReasoningProblem], groups: Sequence[Sequence[str]], late_from: int) -> dict:
+    """Where from-scratch responses (``groups[i]`` answer ``problems[i]``) lose the clean path: the REACH RATE
+    (the share whose first ``late_from`` - 1 steps equal the reference's: they arrive at step ``late_from``
+    with a correct prefix; RRL's premise, docs/DESIGN.md §11.3) and, per position i, the step accuracy given a
+    correct prefix (responses with i - 1 right steps whose i-th step is right too; None where none got there)."""
+    leading = [leading_correct_steps(p, text) for p, texts in zip(problems, groups) for text in texts]
+    if not leading:
+        raise ValueError("reach_profile: no responses")
+    longest = max((len(problem_chain(p).ops) for p in problems), default=0)
+    tried = [sum(m >= i for m in leading) for i in range(longest)]
+    accuracy = [sum(m > i for m in leading) / n if n else None for i, n in zip(range(longest), tried)]
+    return {"responses": len(leading), "reach_rate": sum(m >= late_from - 1 for m in leading) / len(leading),
+            "step_accuracy": accuracy}
 
 
 def step_prefixes(problem: ReasoningProblem) -> list[str]:
@@ -333,7 +449,7 @@ def step_prefixes(problem: ReasoningProblem) -> list[str]:
 #   one segment alone  the segment's items (its steps, found by their labels, and an ``answer``) compared
 #                      with the reference's: 1 + round(4 c / items) for c correct items; 1 with no item.
 
-_LABELLED_STEP_RE = re.compile(r"\bstep\s+([a-l])\s+(add|sub)\s+(\d+)\s*=\s*(-?\d+)")
+_LABELLED_STEP_RE = re.compile(r"\bstep\s+([a-l])\s+(add|sub|zap)\s+(\d+)\s*=\s*(-?\d+)")
 
 
 def _written_steps(text: str) -> list[tuple[str, str, int, int]]:
@@ -387,3 +503,83 @@ def reference_segment_scores(reference: str, segments: Sequence[str], view: str 
         out.append(1 + round(4 * sum(items) / len(items)) if items else 1)
     return out
 
+
+# ---- the same judge without the reference (ExpRL's reference-free dense arm) ---------------------
+#
+# What a rule judge can check from the PROMPT alone, on the scale of ``reference_score`` /
+# ``reference_segment_scores``: a written step at position i (found by its label) must name the prompt's
+# i-th operation and operand; before any hidden step its result must be the clean value (computable from the
+# prompt), after a hidden step only the step's consistency with the result written before it can be checked
+# (the running value depends on the hidden operation's meaning), and a hidden step itself cannot be checked.
+# On a task without a hidden operation this is exactly the reference judge with a full reference
+# (tests/task/test_chain_hidden_op.py); with one, the only thing it lacks is what the reference carries.
+
+
+def _prompt_items(chain: Chain, steps: Sequence[tuple[str, str, int, int]]) -> list[bool | None]:
+    """Per written step (in order): True / False when the prompt can check it, None for a hidden step."""
+    clean = chain.values()
+    first_hidden = next((i for i, (op, _) in enumerate(chain.ops) if op == HIDDEN_OP), len(chain.ops))
+    out: list[bool | None] = []
+    prev: int | None = None
+    for lab, op, k, v in steps:
+        pos = LABELS.index(lab)
+        if pos >= len(chain.ops) or (op, k) != chain.ops[pos]:
+            out.append(False)
+        elif op == HIDDEN_OP:
+            out.append(None)
+        elif pos < first_hidden:
+            out.append(v == clean[pos])
+        else:
+            out.append(prev is not None and v == (prev + SIGNS[op] * k) % chain.modulus)
+        prev = v
+    return out
+
+
+def prompt_score(problem: ReasoningProblem, response: str) -> int:
+    """``reference_score`` from the prompt alone (above): m = the written steps at positions 1..L that the prompt
+    verifies; 5 needs every step and the answer verified, which a problem with a hidden step never allows (its
+    answer depends on the hidden meaning), so there the scale tops out at 4."""
+    chain = problem_chain(problem)
+    got = _written_steps(response)
+    items = _prompt_items(chain, got[: len(chain.ops)])
+    matched = sum(1 for x in items if x)
+    checkable = sum(1 for op, _ in chain.ops if op != HIDDEN_OP)
+    hidden = checkable < len(chain.ops)
+    if (not hidden and matched == len(chain.ops) and len(got) == len(chain.ops)
+            and final_answer(response) == problem.answer):
+        return 5
+    return 1 + -(-3 * matched // max(1, checkable))
+
+
+def prompt_segment_scores(problem: ReasoningProblem, segments: Sequence[str], view: str = "segment") -> list[int]:
+    """``reference_segment_scores`` from the prompt alone: ``prefix`` scores segments 1..k together
+    (``prompt_score``); ``segment`` scores each segment's checkable items (its steps, and its answer: the
+    problem's answer without a hidden step, else the result the rollout wrote last) as 1 + round(4 c / items),
+    1 without any item, and a segment whose only steps are hidden ones gets the previous segment's score (3 for
+    the first): the judge abstains there, so its process advantage s_t - s_(t-1) is 0."""
+    if view == "prefix":
+        return [prompt_score(problem, " ".join(segments[: k + 1])) for k in range(len(segments))]
+    if view != "segment":
+        raise ValueError(f"segment view must be 'segment' or 'prefix', got {view!r}")
+    chain = problem_chain(problem)
+    hidden = any(op == HIDDEN_OP for op, _ in chain.ops)
+    per_segment = [_written_steps(seg) for seg in segments]
+    flat = _prompt_items(chain, [step for steps in per_segment for step in steps])
+    out: list[int] = []
+    pos, last = 0, None
+    for seg, steps in zip(segments, per_segment):
+        checks = flat[pos: pos + len(steps)]
+        pos += len(steps)
+        items = [x for x in checks if x is not None]
+        if steps:
+            last = steps[-1][3]
+        answers = _ANSWER_RE.findall(seg)
+        if answers:
+            items.append(answers[-1] == problem.answer if not hidden else last is not None and int(answers[-1]) == last)
+        if items:
+            out.append(1 + round(4 * sum(items) / len(items)))
+        elif steps:  # hidden steps only: abstain
+            out.append(out[-1] if out else 3)
+        else:
+            out.append(1)
+    return out

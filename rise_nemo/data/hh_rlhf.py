@@ -9,7 +9,7 @@ differ before that turn, have no Assistant turn or no Human turn before it fail 
 key (``RubricError``, or skipped and listed with ``skip_invalid``), as every loader's rows do.
 
 Training reads the same rows as reasoning problems (``data.format: hh_rlhf``, rise_nemo.data.reasoning: the
-chosen reply is the reference solution) scored by a reward model (rise_nemo.orchestration.reward_model); the
+chosen reply is the reference solution) scored by a reward model (rise_nemo.steps.reward_model); the
 win / tie / lose evaluation is the ``hh_win_rate`` suite (rise_nemo.evals.hh_win_rate).
 """
 

@@ -275,6 +275,8 @@ def make_persistent_task(
     persistent_per_prompt: int = 2,
     criteria: str = "fixed",
     name_behaviours: bool = False,
+    heldout_pool_per_topic: int | None = None,
+    replicate: int | None = None,
 ) -> PersistentTask:
     """Generate the task: for each topic the 32 (template, audience) combos are shuffled with ``seed``;
     the first ``heldout_per_topic`` are held out, the rest form the warm-up pool, of which the first
@@ -290,7 +292,14 @@ def make_persistent_task(
     which of the six its rubric asks for, on held-out prompts too (coverage ceiling 1 whatever
     ``persistent_per_prompt``). The warm start's natural targets ignore the request (each behaviour at the
     unprompted rate), so the request is there to be learned, for every method alike.
-    ``persistent_per_prompt``: 1 makes each prompt's coverage 0 or 1 (one criterion to learn per prompt)."""
+    ``persistent_per_prompt``: 1 makes each prompt's coverage 0 or 1 (one criterion to learn per prompt).
+
+    Replicates (independent seeds of a comparison that share one warm start, bench/embedded_methods.py):
+    ``heldout_pool_per_topic`` H holds out the first H combos of each topic (never in the warm start), and
+    ``replicate`` r then draws this replicate's ``heldout_per_topic`` held-out prompts from those H and its
+    ``train_per_topic`` training prompts from the rest, with its own seeded stream. ``warmup`` (what the warm
+    start trains on) and the fingerprint (its cache key) depend on H, not on r, so every replicate of a pool
+    shares one warm start. Both null: today's task."""
     n_combos = len(QUESTION_TEMPLATES) * len(AUDIENCES)
     if criteria not in CRITERIA_MODES:
         raise ValueError(f"data.task.criteria: expected one of {list(CRITERIA_MODES)}, got {criteria!r}")
@@ -303,27 +312,42 @@ def make_persistent_task(
     if persistent_per_prompt < 1 or persistent_per_prompt > len(PERSISTENT_POOL):
         raise ValueError(f"data.task.persistent_per_prompt: expected an integer in [1, {len(PERSISTENT_POOL)}], "
                          f"got {persistent_per_prompt}")
+    pool = heldout_per_topic if heldout_pool_per_topic is None else heldout_pool_per_topic
+    for key, value in (("heldout_pool_per_topic", heldout_pool_per_topic), ("replicate", replicate)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ValueError(f"data.task.{key}: expected null or an integer >= 0, got {value!r}")
+    if replicate is not None and heldout_pool_per_topic is None:
+        raise ValueError("data.task.replicate: needs data.task.heldout_pool_per_topic (the pool it draws from)")
     if heldout_per_topic < 1 or train_per_topic < 1 or heldout_per_topic + train_per_topic > n_combos:
         raise ValueError(
             f"data.task.train_per_topic ({train_per_topic}) + data.task.heldout_per_topic ({heldout_per_topic}) "
             f"must be in [2, {n_combos}], each at least 1"
         )
+    if heldout_pool_per_topic is not None and (pool < heldout_per_topic or pool + train_per_topic > n_combos):
+        raise ValueError(f"data.task.heldout_pool_per_topic ({pool}): expected heldout_per_topic "
+                         f"({heldout_per_topic}) .. {n_combos - train_per_topic}")
     rng = random.Random(seed)
+    draw = random.Random(f"persistent-replicate-{seed}-{replicate}") if replicate is not None else None
     train, heldout, warmup = [], [], []
     for t_idx, topic in enumerate(TOPICS):
         combos = [(q, a) for q in range(len(QUESTION_TEMPLATES)) for a in range(len(AUDIENCES))]
         rng.shuffle(combos)
+        pool_held, pool_rest = [], []
         for j, (q_idx, a_idx) in enumerate(combos):
             persistent = rng.sample([b.name for b in PERSISTENT_POOL], persistent_per_prompt)
-            if j < heldout_per_topic:
-                heldout.append(_prompt(f"heldout-{topic.name}-{j}", t_idx, q_idx, a_idx, persistent, criteria,
-                                       name_behaviours))
+            if j < pool:
+                pool_held.append(_prompt(f"heldout-{topic.name}-{j}", t_idx, q_idx, a_idx, persistent, criteria,
+                                         name_behaviours))
                 continue
-            p = _prompt(f"{topic.name}-{j - heldout_per_topic:02d}", t_idx, q_idx, a_idx, persistent, criteria,
-                        name_behaviours)
+            p = _prompt(f"{topic.name}-{j - pool:02d}", t_idx, q_idx, a_idx, persistent, criteria, name_behaviours)
             warmup.append(p)
-            if j - heldout_per_topic < train_per_topic:
-                train.append(p)
+            pool_rest.append(p)
+        if draw is None:  # today's task: the first ones of the shuffled combos
+            heldout += pool_held[:heldout_per_topic]
+            train += pool_rest[:train_per_topic]
+        else:
+            heldout += sorted(draw.sample(pool_held, heldout_per_topic), key=pool_held.index)
+            train += sorted(draw.sample(pool_rest, train_per_topic), key=pool_rest.index)
     every = train + heldout + warmup
     persistent_ids = {p.prompt_id: tagged_criteria(p.rubric, TAG_PERSISTENT) for p in every}
     negative_ids = {p.prompt_id: tagged_criteria(p.rubric, TAG_NEGATIVE) for p in every}
@@ -333,6 +357,8 @@ def make_persistent_task(
         spec["criteria"] = criteria
     if name_behaviours:
         spec["name_behaviours"] = True
+    if heldout_pool_per_topic is not None:  # not the replicate: every replicate of a pool shares the warm start
+        spec["heldout_pool_per_topic"] = heldout_pool_per_topic
     return PersistentTask(seed, tuple(train), tuple(heldout), tuple(warmup), persistent_ids, negative_ids, spec)
 
 

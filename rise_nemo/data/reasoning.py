@@ -12,7 +12,7 @@ Formats (``fmt``; "auto" detects the format of every record from its keys):
   hh_rlhf    Anthropic HH-RLHF pairs (``chosen``, ``rejected``; rise_nemo.data.hh_rlhf): the dialogue up to the
              last "Assistant:" is the problem, the CHOSEN reply its reference solution (RRL's canonical
              solution, whose states RRL replays), ``answer`` empty (no final answer: a reward model scores
-             these, rise_nemo.orchestration.reward_model); the rejected reply is not used for training.
+             these, rise_nemo.steps.reward_model); the rejected reply is not used for training.
 
 MATH and GSM8K questions are wrapped in ``MATH_PROMPT`` (NeMo-RL's examples/prompts/math.txt, so answers are
 boxed the way ``MathVerifier`` reads them); our own rows are shown exactly as written. GSM8K reference

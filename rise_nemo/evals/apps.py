@@ -48,6 +48,11 @@ class APPS(Suite):
             raise NotImplementedError(f"apps row {item.index} carries no human solution")
         return item.extra["solution"]
 
+    def check(self, judge_urls: Sequence[str] | None) -> None:
+        from rise_nemo.judges.sandbox import BubblewrapSandbox, SandboxLimits
+
+        BubblewrapSandbox(SandboxLimits(memory_mb=1024)).check()  # SandboxUnavailable: a one-line UserError
+
     def score(self, items: Sequence[EvalItem], samples: Mapping[int, list[str]], ctx: ScoreContext) -> SuiteResult:
         from rise_nemo.core.code_tests import parse_tests
         from rise_nemo.judges.code_verifier import CodeVerifier

@@ -113,6 +113,11 @@ class Suite:
     needs_baseline = False
     seed = 0  # row-level randomness in prompts (multiple-choice option order); set before load()
 
+    def check(self, judge_urls: Sequence[str] | None) -> None:
+        """What scoring needs besides the judge (an extra, the code sandbox), checked before any response is
+        generated or read: a one-line UserError (``judge_urls``: --judge-url, None = the rule judge)."""
+        return None
+
     def load(self, path: str | Path | None) -> list[EvalItem]:
         if path is None:
             if self.default_data is None:

@@ -56,7 +56,7 @@ def load_generator(model: str, checkpoint: str | None, overrides: Sequence[str])
 
 def _run_dir_generator(run_dir: Path, checkpoint: str | None, overrides: Sequence[str]) -> tuple[Any, dict[str, Any]]:
     from rise_nemo.config import load_config
-    from rise_nemo.orchestration.run import load_eval_model
+    from rise_nemo.loop.run import load_eval_model
 
     env_sources: dict[str, str] = {}
     cfg = load_config(run_dir / "config.yaml", list(overrides), env_sources=env_sources)

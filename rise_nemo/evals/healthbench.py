@@ -90,6 +90,12 @@ class HealthBench(Suite):
     source = "HealthBench (Arora et al. 2025), openai/simple-evals healthbench_eval.py (MIT)"
     judged = True
 
+    def check(self, judge_urls: Sequence[str] | None) -> None:
+        if not judge_urls:  # the rule judge's verdicts come from rise_nemo.judges.rule_server (aiohttp)
+            from rise_nemo.errors import require_extra
+
+            require_extra("judge", "aiohttp", what="the healthbench rule judge (rise_nemo.judges.rule_server)")
+
     def load(self, path):
         if path is None:
             from rise_nemo.data.samples import healthbench_sample_path

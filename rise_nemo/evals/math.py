@@ -52,6 +52,14 @@ class MathSuite(Suite):
     def reference_response(self, item: EvalItem) -> str:
         return f"The final answer is \\boxed{{{item.reference}}}."
 
+    math_verify = True  # answers checked with MathVerifier (AIME: integer match)
+
+    def check(self, judge_urls: Sequence[str] | None) -> None:
+        if self.math_verify:
+            from rise_nemo.errors import require_extra
+
+            require_extra("math", "math_verify", what=f"suite {self.name} (MathVerifier checks its answers)")
+
     def correct(self, answer: str, response: str) -> bool | None:
         if self._verifier is None:
             from rise_nemo.errors import UserError
@@ -103,6 +111,7 @@ class AIME(MathSuite):
     name = "aime"
     source = "AIME 2024 I & II (MAA), rows of QwenLM/Qwen2.5-Math evaluation/data/aime24 (MIT)"
     default_data = "aime24_8.jsonl"
+    math_verify = False
 
     def correct(self, answer: str, response: str) -> bool | None:
         return aime_correct(answer, response)

@@ -17,9 +17,12 @@ Every test runs in its own sandbox process (rise_nemo.judges.sandbox) with a per
 rollout's tests run in order on one pool slot under a total time limit (tests not reached count as
 ``timeout``); rollouts run in parallel. Reward 1 iff every test passes. Each rollout's pass fraction and
 outcome kind are logged and kept (``CodeResult``):
-  passed, no_code, syntax_error, runtime_error, wrong_answer, timeout, memory, output_limit
+  passed, no_code, syntax_error, runtime_error, wrong_answer, timeout, memory, processes, output_limit
 (the first failing test's kind; a syntax error stops the rollout's tests after the first); per step the
-trainer logs their fractions and the mean pass fraction (``batch_metrics``).
+trainer logs their fractions and the mean pass fraction (``batch_metrics``). ``memory``: a MemoryError under
+the per-process address-space limit, or the execution's cgroup memory cap hit; ``processes``: its cgroup's
+cap on processes and threads hit (only with cgroups; without, a failed fork is the program's own error);
+either cap kills the whole execution (rise_nemo.judges.sandbox).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ __all__ = ["APPS_PREAMBLE", "OUTCOMES", "CodeResult", "CodeTests", "CodeVerifier
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("passed", "no_code", "syntax_error", "runtime_error", "wrong_answer", "timeout", "memory",
-            "output_limit")
+            "processes", "output_limit")
 
 # The APPS harness's import preamble (testing_util.py), numpy made optional (it is not always installed
 # where the sandboxed interpreter lives).
@@ -203,6 +206,8 @@ _SYNTAX = ("SyntaxError", "IndentationError", "TabError")
 def classify(res: ExecResult) -> TestOutcome | None:
     """The failure kind of one execution, or None when it ran to a clean exit (then compare outputs)."""
     last = _last_line(res.stderr)
+    if res.limit in ("memory", "processes"):  # its cgroup's cap: the whole execution was killed
+        return TestOutcome(res.limit, res.reason)
     if res.timed_out:
         return TestOutcome("timeout", res.reason)
     if res.output_limited:
@@ -289,12 +294,15 @@ class CodeVerifier(CodeReward):
         self.per_test_seconds = float(per_test_seconds)
         self.total_seconds = float(total_seconds)
         self.preamble = APPS_PREAMBLE if preamble else ""
+        self._own_sandbox = sandbox is None
         self.sandbox = sandbox or BubblewrapSandbox(limits or SandboxLimits(memory_mb=1024))
         self.sandbox.check()
         self.pool = SandboxPool(self.sandbox, workers=workers or min(32, os.cpu_count() or 1))
 
     def close(self) -> None:
         self.pool.close()
+        if self._own_sandbox:  # its launches prepared for next executions, with their cgroups
+            self.sandbox.close()
 
     def programs(self, code: str, tests: CodeTests) -> list[tuple[str, str]]:
         """(program, stdin) per test: the stdin program itself, or the call harness with JSON arguments."""

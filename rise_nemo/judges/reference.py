@@ -66,6 +66,8 @@ class ScoreRequest:
 
 
 class ReferenceJudge(Protocol):
+    calls: int  # judge requests made so far (the step's ``judge/step_calls``)
+
     def score(self, requests: Sequence[ScoreRequest], view: SegmentView = "segment") -> list[Scores]:
         """Raw 1-5 scores per request (one per segment in process mode); None where unknown."""
         ...
@@ -213,6 +215,26 @@ class RuleReferenceJudge:
             else:
                 out.append(reference_segment_scores(req.problem.reference_solution, req.segments, view))
         return out
+
+    def metrics(self, prefix: str = "judge/") -> dict[str, float]:
+        return {f"{prefix}calls": float(self.calls)}
+
+
+class PromptOnlyRuleJudge:
+    """The embedded judge WITHOUT the reference (ExpRL's reference-free dense arm, bench/embedded_exprl.py): the
+    same 1-5 scale, from what the problem's prompt alone lets a rule check (rise_nemo.data.chain_task
+    .prompt_score / prompt_segment_scores). It never reads ``reference_solution``; on a task without a hidden
+    operation it scores exactly as ``RuleReferenceJudge``, so an arm using it isolates what the reference adds."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def score(self, requests: Sequence[ScoreRequest], view: SegmentView = "segment") -> list[Scores]:
+        from rise_nemo.data.chain_task import prompt_score, prompt_segment_scores
+
+        self.calls += len(requests)
+        return [[prompt_score(req.problem, req.response)] if req.segments is None
+                else prompt_segment_scores(req.problem, req.segments, view) for req in requests]
 
     def metrics(self, prefix: str = "judge/") -> dict[str, float]:
         return {f"{prefix}calls": float(self.calls)}

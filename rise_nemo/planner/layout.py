@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rise_nemo.methods import DEFAULT_METHOD, METHODS
+from rise_nemo.methods.registry import DEFAULT_METHOD, METHODS
 from rise_nemo.planner.critic import value_config
 from rise_nemo.planner.models import ModelShape
 from rise_nemo.recipe_keys import RecipeKeyError, get
@@ -179,9 +179,9 @@ def padding_note(tree: Mapping[str, Any]) -> str | None:
 
 
 def _guided(name: str) -> bool:
-    """Whether the method's steps add privileged rows to the train batch (rise_nemo.methods ``guidance``)."""
+    """Whether the method's steps add privileged rows to the train batch (``Method.guided_rows``)."""
     method = METHODS.get(name)
-    return method is not None and method.guidance
+    return method is not None and method.guided_rows
 
 
 def max_train_rows(tree: Mapping[str, Any]) -> int | None:

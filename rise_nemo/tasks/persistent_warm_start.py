@@ -57,8 +57,13 @@ def _feedback_like(prompt: RubricPrompt, task: PersistentTask, rng: random.Rando
 def make_example(task: PersistentTask, prompt: RubricPrompt, hinted: bool, rng: random.Random, rates: WarmStartConfig) -> Example:
     """One warm-start pair. Unhinted: each pool behaviour with probability ``unprompted_rate``. Hinted:
     the hinted persistent behaviours always, "guaranteed" dragged in with ``hinted_negative_rate`` unless
-    the hint says to avoid it."""
+    the hint says to avoid it; with ``hint_following`` off (the null control), a hinted prompt gets an
+    unhinted response (the hint changes nothing the model writes)."""
     other = [b.name for b in PERSISTENT_POOL if rng.random() < rates.unprompted_rate]
+    if hinted and not rates.hint_following:
+        fb = _feedback_like(prompt, task, rng)
+        messages = build_privileged_prompt(prompt.messages, [prompt.rubric.criteria[k] for k in fb], rng)
+        return Example(messages, response_text(prompt, other, rng.random() < rates.natural_negative_rate, rng))
     if not hinted:
         return Example([dict(m) for m in prompt.messages], response_text(
             prompt, other, rng.random() < rates.natural_negative_rate, rng))
@@ -88,6 +93,9 @@ class WarmStartConfig:
     eval_samples: int = 8  # samples per prompt when measuring the rates
     eval_max_new_tokens: int = MAX_RESPONSE_TOKENS
     seed: int = 0
+    # false: the null control of bench/embedded_methods.py, a policy that ignores hints (hinted prompts get
+    # unhinted responses), so RISE-RL's privileged rollouts meet the criteria no more often than natural ones
+    hint_following: bool = True
 
     @classmethod
     def from_mapping(cls, cfg: Mapping | None) -> WarmStartConfig:
@@ -100,6 +108,8 @@ class WarmStartConfig:
         for key in ("steps", "batch_size", "eval_samples", "eval_max_new_tokens"):
             if not isinstance(getattr(out, key), int) or getattr(out, key) < 1:
                 raise ValueError(f"warm_start.{key}: expected an integer >= 1, got {getattr(out, key)!r}")
+        if not isinstance(out.hint_following, bool):
+            raise ValueError(f"warm_start.hint_following: expected true or false, got {out.hint_following!r}")
         for key in ("hinted_fraction", "unprompted_rate", "natural_negative_rate", "hinted_negative_rate"):
             if not 0.0 <= float(getattr(out, key)) <= 1.0:
                 raise ValueError(f"warm_start.{key}: expected a probability in [0, 1], got {getattr(out, key)!r}")
@@ -143,7 +153,10 @@ class WarmStartStats:
 
 
 def _cache_key(task: PersistentTask, policy, cfg: WarmStartConfig) -> str:
-    spec = {"task": task.fingerprint(), "model": policy.engine.fingerprint(), "warm_start": asdict(cfg),
+    options = asdict(cfg)
+    if options["hint_following"]:
+        del options["hint_following"]  # warm starts that follow hints keep their cache entries
+    spec = {"task": task.fingerprint(), "model": policy.engine.fingerprint(), "warm_start": options,
             "version": TASK_VERSION}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 

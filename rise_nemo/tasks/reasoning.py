@@ -17,12 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from rise_nemo.cache import cache_lock
-from rise_nemo.data.chain_task import OPS, Chain, ChainTask, ReasoningTaskError
+from rise_nemo.data.chain_task import HIDDEN_OP, SIGNS, Chain, ChainTask, ReasoningTaskError
 
 
 @dataclass
@@ -55,6 +55,14 @@ class ReasoningWarmStartConfig:
     # operands, so it shares today's task's cached clean phase), and the late skill is first met in the noisy
     # phase, with its own noise: a less practised skill, and one cached clean phase for both tasks
     clean_without_late: bool = False
+    # a task with a hidden operation (data.task.hidden_op): the probability that a target (both phases) writes a
+    # hidden step's true result; otherwise it writes the misreading (the operand added, as if it were ``add``),
+    # so the warm start knows the format and a wrong meaning, and finds the right one at about this rate
+    hidden_op_true_rate: float | None = None
+    # a task with a late skill: the noisy phase draws each instance's first late step from these positions (not
+    # only the task's late_from), so one warm start serves the tasks whose late_from is any of them (the RRL
+    # miniature varies the reach rate this way: the same weights, the late skill met later or earlier)
+    late_from_mix: list[int] | None = None
 
     @classmethod
     def from_mapping(cls, cfg: Mapping | None) -> ReasoningWarmStartConfig:
@@ -65,7 +73,7 @@ class ReasoningWarmStartConfig:
                 raise ReasoningTaskError(f"data.warm_start.{key}: unknown key for the reasoning task; known keys: "
                                          f"{sorted(known)}")
         out = cls(**raw)
-        for key in ("noise", "late_noise"):
+        for key in ("noise", "late_noise", "hidden_op_true_rate"):
             value = getattr(out, key)
             if value is not None and not 0.0 <= value < 1.0:
                 raise ReasoningTaskError(f"data.warm_start.{key}: expected a probability in [0, 1), got {value!r}")
@@ -79,19 +87,29 @@ class ReasoningWarmStartConfig:
             if getattr(out, key) is not None and int(getattr(out, key)) < 1:
                 raise ReasoningTaskError(f"data.warm_start.{key}: expected null or an integer >= 1, got "
                                          f"{getattr(out, key)!r}")
+        if out.late_from_mix is not None:
+            mix = out.late_from_mix
+            if (not isinstance(mix, (list, tuple)) or not mix
+                    or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 2 for x in mix)):
+                raise ReasoningTaskError(f"data.warm_start.late_from_mix: expected null or a list of step numbers >= 2, "
+                                         f"got {mix!r}")
+            out.late_from_mix = sorted(set(int(x) for x in mix))
         if out.steps + out.noise_steps < 1:
             raise ReasoningTaskError("data.warm_start.steps: steps + noise_steps must be >= 1")
         return out
 
     def clean_spec(self) -> dict:
         """What the clean phase depends on (its cache key)."""
-        return {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr, "seed": self.seed}
+        spec = {"steps": self.steps, "batch_size": self.batch_size, "lr": self.lr, "seed": self.seed}
+        if self.hidden_op_true_rate is not None:
+            spec["hidden_op_true_rate"] = self.hidden_op_true_rate
+        return spec
 
     def cache_spec(self) -> dict:
         """What the whole warm start depends on (its cache key); the late keys only when set, so warm starts
         of today's task keep their cache entries."""
         spec = asdict(self)
-        for key in ("late_noise", "late_noise_offset"):
+        for key in ("late_noise", "late_noise_offset", "hidden_op_true_rate", "late_from_mix"):
             if spec[key] is None:
                 del spec[key]
         if not spec["clean_without_late"]:
@@ -105,22 +123,67 @@ class ReasoningWarmStartConfig:
         return (int(late_from), self.noise if self.late_noise is None else float(self.late_noise),
                 self.noise_offset if self.late_noise_offset is None else int(self.late_noise_offset))
 
+    def error_offsets(self, late_from: int | None) -> list[int]:
+        """The distinct fixed wrong-value offsets the noisy phase injects (early, and late when the task has a
+        late skill); empty when the noise is uniform (``noise_offset`` null)."""
+        offsets = [] if self.noise_offset is None or not self.noise_steps else [int(self.noise_offset)]
+        late = self.late_noise_spec(late_from)
+        if late is not None and late[2] is not None and late[1] > 0 and int(late[2]) not in offsets:
+            offsets.append(int(late[2]))
+        return offsets
+
     def phases(self) -> list[tuple[str, int, float, float]]:
         """[(name, steps, peak lr, noise)] of the phases that have steps."""
         out = [("clean", self.steps, self.lr, 0.0), ("noisy", self.noise_steps, self.noise_lr, self.noise)]
         return [p for p in out if p[1] > 0]
 
 
+def error_combinations(offsets: Sequence[int], max_errors: int = 10):
+    """Every combination of 1..``max_errors`` injected errors: tuples of counts, one per offset."""
+    def counts(left: int, n: int):
+        if n == 0:
+            yield ()
+            return
+        for c in range(left + 1):
+            for rest in counts(left - c, n - 1):
+                yield (c, *rest)
+    return [c for c in counts(max_errors, len(offsets)) if sum(c) > 0]
+
+
+def error_shift_distance(offsets: Sequence[int], modulus: int, max_errors: int = 10) -> tuple[int, list]:
+    """How close the warm start's injected error modes come to cancelling (docs/DESIGN.md §7.5): over every
+    combination of 1..``max_errors`` errors (``error_combinations``; each error adds its offset to the running
+    value, so k_1 errors of offset d_1 and k_2 of d_2 shift the answer by k_1 d_1 + k_2 d_2 mod M), the smallest
+    distance of the total shift from 0 mod ``modulus``, and the combinations at that distance. Distance 0: some
+    wrong path reaches the right answer; distance >= 2: not even with one +-1 slip more."""
+    best, where = modulus, []
+    for combo in error_combinations(offsets, max_errors):
+        shift = sum(c * d for c, d in zip(combo, offsets)) % modulus
+        dist = min(shift, modulus - shift)
+        if dist < best:
+            best, where = dist, [combo]
+        elif dist == best:
+            where.append(combo)
+    return best, where
+
+
 def noisy_solution(chain: Chain, noise: float, rng: random.Random, offset: int | None = None,
-                   late: tuple[int, float, int | None] | None = None) -> str:
+                   late: tuple[int, float, int | None] | None = None, hidden_true_rate: float = 0.0) -> str:
     """The solution with each intermediate result replaced by a wrong value with probability ``noise``;
     later steps continue from the value written, so every other step stays locally correct. The wrong
     value is uniform over the other residues (``offset`` None) or the right one + ``offset`` (mod M).
-    ``late`` = (late_from, noise, offset) overrides both for steps late_from.. (1-based)."""
+    ``late`` = (late_from, noise, offset) overrides both for steps late_from.. (1-based). A hidden step
+    (HIDDEN_OP) gets no such noise: its result is the true one with probability ``hidden_true_rate``, else the
+    misreading (the operand added)."""
     written, v = [], chain.start
     for i, (op, k) in enumerate(chain.ops):
+        if op == HIDDEN_OP:
+            sign = SIGNS[op] if rng.random() < hidden_true_rate else SIGNS["add"]
+            v = (v + sign * k) % chain.modulus
+            written.append(v)
+            continue
         p, d = (late[1], late[2]) if late is not None and i + 1 >= late[0] else (noise, offset)
-        v = (v + OPS[op] * k) % chain.modulus
+        v = (v + SIGNS[op] * k) % chain.modulus
         if rng.random() < p:
             v = (v + (rng.randrange(1, chain.modulus) if d is None else d)) % chain.modulus
         written.append(v)
@@ -137,12 +200,19 @@ def warm_start_reasoning(policy, generator, task: ChainTask, cfg: Mapping | Reas
     (``policy.engine``, ``generator.encode_response``).
     """
     wcfg = cfg if isinstance(cfg, ReasoningWarmStartConfig) else ReasoningWarmStartConfig.from_mapping(cfg)
+    if task.cfg.hidden_op and wcfg.hidden_op_true_rate is None:
+        raise ReasoningTaskError("data.warm_start.hidden_op_true_rate: required for a task with a hidden operation "
+                                 "(data.task.hidden_op: true)")
     for key in ("noise_offset", "late_noise_offset"):
         offset = getattr(wcfg, key)
         if offset is not None and offset % task.cfg.modulus == 0:
             raise ReasoningTaskError(f"data.warm_start.{key}: {offset} is a multiple of the modulus "
                                      f"{task.cfg.modulus}, so the 'wrong' value would be the right one")
-    base = {"task": task.warm_start_fingerprint(), "model": policy.engine.fingerprint()}
+    mix = wcfg.late_from_mix
+    if mix is not None and (task.late is None or task.cfg.late_from not in mix or max(mix) > task.cfg.max_steps):
+        raise ReasoningTaskError(f"data.warm_start.late_from_mix: {mix} must hold the task's data.task.late_from "
+                                 f"({task.cfg.late_from}) and positions up to max_steps ({task.cfg.max_steps})")
+    base = {"task": task.warm_start_fingerprint(mix), "model": policy.engine.fingerprint()}
     root = Path(cache_dir) if cache_dir is not None else None
     cache = root / f"reasoning_{_digest({**base, 'warm_start': wcfg.cache_spec()})}" if root is not None else None
     with cache_lock(cache):  # two commands started together build the entry once
@@ -175,7 +245,8 @@ def _warm_start_reasoning(policy, generator, task: ChainTask, wcfg: ReasoningWar
             else:
                 rng = random.Random(f"chain-warm-{wcfg.seed}" + ("" if name == "clean" else f"-{name}"))
                 phase = _sft_phase(policy, generator, phase_task, rng, name, steps, wcfg.batch_size, lr, noise,
-                                   wcfg.noise_offset, progress, wcfg.late_noise_spec(task.cfg.late_from) if noise else None)
+                                   wcfg.noise_offset, progress, wcfg.late_noise_spec(task.cfg.late_from) if noise else None,
+                                   wcfg.hidden_op_true_rate or 0.0, wcfg.late_from_mix)
                 if phase_cache is not None:
                     save_weights(policy, phase_cache, {**phase, "cache_path": ""})
         stats["train_seconds"] += phase["train_seconds"]
@@ -193,17 +264,27 @@ def _warm_start_reasoning(policy, generator, task: ChainTask, wcfg: ReasoningWar
 
 def _sft_phase(policy, generator, task: ChainTask, rng: random.Random, name: str, steps: int, batch_size: int,
                lr: float, noise: float, offset: int | None, progress: bool,
-               late: tuple[int, float, int | None] | None = None) -> dict:
+               late: tuple[int, float, int | None] | None = None, hidden_true_rate: float = 0.0,
+               late_from_mix: list[int] | None = None) -> dict:
     """``steps`` SFT steps (tasks.sft.sft_phase: fresh optimiser, lr decaying linearly from ``lr`` to 10%) on
     fresh non-held-out instances of every length whose targets carry ``noise``."""
     from rise_nemo.tasks.sft import Example, sft_phase
 
+    mix = late_from_mix if late is not None and late_from_mix else None
+    # with a mix, no task of the mix may meet its held-out instances here
+    held = frozenset().union(*(task.with_late_from(x).heldout_keys for x in mix)) if mix else None
+
     def examples() -> list[Example]:
+        nonlocal late
         out = []
         for _ in range(batch_size):
-            chain = task.sample_sft_chain(rng, rng.randint(1, task.cfg.max_steps))
+            if mix:
+                late = (rng.choice(mix), *late[1:])
+                chain = task.sample_sft_chain(rng, rng.randint(1, task.cfg.max_steps), late[0], held)
+            else:
+                chain = task.sample_sft_chain(rng, rng.randint(1, task.cfg.max_steps))
             messages = [{"role": "user", "content": chain.prompt_text()}]
-            out.append(Example(messages, noisy_solution(chain, noise, rng, offset, late)))
+            out.append(Example(messages, noisy_solution(chain, noise, rng, offset, late, hidden_true_rate)))
         return out
 
     loss, seconds = sft_phase(policy, generator, steps, lr, examples, f"warm start (reasoning, {name})", progress)

@@ -7,8 +7,8 @@ import json
 import re
 import time
 
-import rise_nemo.orchestration.report as report
-import rise_nemo.orchestration.run as run_module
+import rise_nemo.loop.run as run_module
+import rise_nemo.reports.report as report
 from rise_nemo.cli import main
 
 

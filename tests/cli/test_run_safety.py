@@ -140,7 +140,7 @@ def test_a_second_training_on_a_locked_run_directory_is_refused(run_copy, capsys
 
     recipe, run = run_copy
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from rise_nemo.orchestration.rundir import RunDirLock; "
+        [sys.executable, "-c", "import sys; from rise_nemo.loop.rundir import RunDirLock; "
          f"lock = RunDirLock({str(run)!r}).acquire(); print('held', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
@@ -353,7 +353,7 @@ def test_samples_jsonl_records_what_was_trained_on(finished):
 
 def test_eval_with_overrides_never_replaces_the_trainers_eval(run_copy, capsys):
     _, run_copy = run_copy
-    from rise_nemo.orchestration.report import load_run
+    from rise_nemo.reports.runs import load_run
 
     trainer_eval = run_copy / "eval" / "step_000002.json"
     before = trainer_eval.read_bytes()
@@ -389,7 +389,7 @@ def test_eval_refuses_an_out_that_is_a_folder_or_the_trainers_eval_before_any_wo
 
 def test_report_refuses_an_out_that_is_a_file_before_plotting(finished, tmp_path, capsys, monkeypatch):
     _, finished = finished
-    import rise_nemo.orchestration.report as report
+    import rise_nemo.reports.report as report
 
     monkeypatch.setattr(report, "load_run", lambda p: pytest.fail("a run was read before --out was checked"))
     existing = tmp_path / "report.md"
@@ -417,7 +417,7 @@ def test_nemo_recipe_without_nemo_rl_is_one_line_naming_nemo_rl_dir(tmp_path, ca
 
 SIGNAL_CHILD = """
 import os, signal, sys, time
-import rise_nemo.orchestration.run as run
+import rise_nemo.loop.run as run
 from rise_nemo.cli import main
 
 def warm_start_interrupted(*args, **kwargs):  # the warm start is under way when the signal comes

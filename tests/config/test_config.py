@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rise_nemo.config import ConfigError, config_from_dict, load_config, to_yaml
-from rise_nemo.config.schema import METHODS
+from rise_nemo.methods.registry import METHODS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -143,7 +143,7 @@ def test_every_shipped_recipe_validates():
     assert recipes, "no recipes shipped"
     for path in recipes:  # the nemo block itself is validated by rise_nemo.backends.nemo, not here
         if "stages" in (yaml.safe_load(path.read_text()) or {}):  # a pipeline: every stage's recipe validates
-            from rise_nemo.orchestration.pipeline import load_pipeline, stage_config
+            from rise_nemo.loop.pipeline import load_pipeline, stage_config
 
             pipeline = load_pipeline(path)
             assert all(stage_config(pipeline, s).method in METHODS for s in pipeline.stages), path

@@ -17,7 +17,7 @@ from rise_nemo.core.schedule import GuidanceSchedule
 from rise_nemo.judges.client import RetryPolicy
 from rise_nemo.judges.http import HttpJudgeConfig
 from rise_nemo.judges.ray_actor import RayJudge
-from rise_nemo.methods import DEFAULT_METHOD
+from rise_nemo.methods.registry import DEFAULT_METHOD
 
 
 def _dataclass_defaults(cls, names=None) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rise_nemo.backends.nemo.environment import RubricEnvironmentCore, rubric_to_metadata
 from rise_nemo.core.rubric import Criterion, MachineCheck, Rubric, RubricPrompt, judged_text
 from rise_nemo.interfaces import JudgeRequest, Rollout
-from rise_nemo.orchestration.step import judge_groups
+from rise_nemo.steps.rubric_eval import judge_groups
 
 RAW = "<think>\nI should mention alpha.\n</think>\n\nbeta only"
 RUBRIC = Rubric((Criterion("Mentions alpha", 2.0, (), MachineCheck("contains", "alpha")),))

@@ -95,7 +95,7 @@ def test_reward_gap_is_the_mean_of_per_prompt_gaps_not_a_pooled_difference():
     import torch
 
     from rise_nemo.core.schedule import reward_gap
-    from rise_nemo.orchestration.step import Scored, guidance_delta
+    from rise_nemo.steps.rubric import Scored, guidance_delta
 
     priv = torch.tensor([[0.9, 0.9], [0.3, 0.0]])
     priv_valid = torch.tensor([[True, True], [True, False]])

@@ -1,5 +1,5 @@
 """`eval --suite` on a run directory evaluates the same model as `rise-nemo eval` (one loader,
-rise_nemo.orchestration.run.load_eval_model): its checkpoint, else the recipe's initial policy, which on the
+rise_nemo.loop.run.load_eval_model): its checkpoint, else the recipe's initial policy, which on the
 embedded tasks is the warm-started model a fresh run starts from (before the shared loader, `eval --suite`
 sampled the untrained model there)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-import rise_nemo.orchestration.run as run_module
+import rise_nemo.loop.run as run_module
 from rise_nemo.config.loader import load_recipe_tree
 from rise_nemo.config.recipes import resolve_recipe
 from rise_nemo.evals.generate import load_generator

@@ -72,7 +72,7 @@ def write_prompts(path: Path, offset: int, n: int) -> str:
 @pytest.mark.parametrize("precision, extra, max_gap", [("bf16", BF16, 0.05), ("fp8", [], 0.2)])
 def test_three_rise_steps(tmp_path, precision, extra, max_gap):
     from rise_nemo.config.loader import load_config
-    from rise_nemo.orchestration.run import build_trainer
+    from rise_nemo.loop.run import build_trainer
 
     run_dir = tmp_path / precision
     data = [f"data.train_path={write_prompts(tmp_path / 'train.jsonl', 0, 16)}",

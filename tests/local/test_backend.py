@@ -193,7 +193,7 @@ def test_train_lowers_loss_and_micro_batches_sum(tiny_cfg):
 
 
 def test_begin_stage_takes_a_checkpoints_weights_with_a_fresh_optimiser_and_no_reference(tiny_cfg, tmp_path):
-    """A pipeline's next stage (orchestration.pipeline.init_policy_from) through the policy's own method."""
+    """A pipeline's next stage (loop.pipeline.init_policy_from) through the policy's own method."""
     policy, gen = build(tiny_cfg)
     rollouts = [r for row in gen.generate(PROMPTS, 2, SamplingParams(max_new_tokens=6, seed=2)) for r in row]
     data = _batch(rollouts, policy.tokenizer)

@@ -9,7 +9,7 @@ from rise_nemo.backends.local import LocalCritic, build
 from rise_nemo.core.losses import ObjectiveConfig, policy_loss_fn
 from rise_nemo.core.value import make_value_loss
 from rise_nemo.interfaces import KIND_NATURAL, SamplingParams
-from rise_nemo.orchestration.step import TrainSample, build_batch
+from rise_nemo.steps.rollouts import TrainSample, build_batch
 
 CFG = {"tokenizer": "builtin:reasoning_task", "seed": 0, "lr": 1e-3, "num_threads": 1,
        "tiny": {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16, "intermediate_size": 64}}

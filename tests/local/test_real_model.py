@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "judges"))
 import tiny_qwen3  # noqa: E402
 
 from rise_nemo.cli import main  # noqa: E402
-from rise_nemo.orchestration.trainer import read_metrics, reproducible_metrics  # noqa: E402
+from rise_nemo.loop.trainer import read_metrics, reproducible_metrics  # noqa: E402
 
 GSM8K = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "gsm8k_test_first8.jsonl"
 SFT_STEPS = 40  # enough for ~40% of sampled answers to be right (pass@1 0.375 at step 0), not all of them

@@ -11,7 +11,7 @@ from rise_nemo.config import load_config
 from rise_nemo.core.logprobs import masked_token_entropy, token_entropy
 from rise_nemo.core.losses import ObjectiveConfig, policy_loss_fn
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL
-from rise_nemo.orchestration.step import TrainSample, build_batch
+from rise_nemo.steps.rollouts import TrainSample, build_batch
 
 CFG = {"tokenizer": "builtin:persistent_task", "seed": 0, "lr": 1e-2, "num_threads": 1, "micro_batch_size": 3,
        "logprob_batch_size": 3}
@@ -80,8 +80,8 @@ def test_dropout_model_keeps_the_separate_forward(monkeypatch):
 
 def test_rubric_step_skips_the_separate_logprob_forward_on_the_local_backend(tmp_path, monkeypatch):
     """The rubric step (rise, guided rows included) no longer calls get_logprobs on the local backend."""
-    from rise_nemo.orchestration.run import build_trainer
-    from rise_nemo.orchestration.step import train_step
+    from rise_nemo.loop.run import build_trainer
+    from rise_nemo.steps.rubric import train_step
 
     cfg = load_config("recipes/rise_tiny_cpu.yaml", [
         f"run.dir={tmp_path}", "sampling.prompts_per_step=2", "sampling.group_size=2", "sampling.max_new_tokens=6",

@@ -29,7 +29,7 @@ from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSessi
 from rise_nemo.config import config_from_dict  # noqa: E402
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL, SamplingParams  # noqa: E402
 from rise_nemo.judges import build_judge  # noqa: E402
-from rise_nemo.orchestration.trainer import Trainer  # noqa: E402
+from rise_nemo.loop.trainer import Trainer  # noqa: E402
 
 torch.set_num_threads(1)
 MAX_NEW = 10
@@ -316,7 +316,7 @@ def test_nemo_dataset_of_a_reasoning_recipe(recipe, tmp_path, monkeypatch):
     never the hidden reference solution."""
     from rise_nemo.backends.nemo import nemo_dataset
     from rise_nemo.config import load_config
-    from rise_nemo.orchestration.data import load_prompts
+    from rise_nemo.loop.data import load_prompts
 
     rows = [{"problem": f"What is {i} + 1?", "solution": f"{i} + 1 = \\boxed{{{i + 1}}}", "level": "Level 1"}
             for i in range(3)]
@@ -371,7 +371,7 @@ def test_embedded_warm_start_is_local_only_and_can_be_turned_off(tmp_path):
     key (it crashed with AttributeError 'NemoPolicy' object has no attribute 'engine'), and
     data.warm_start.enabled=false skips it."""
     from rise_nemo.errors import UserError
-    from rise_nemo.orchestration.data import warm_start_policy
+    from rise_nemo.loop.data import warm_start_policy
 
     policy, generator, *_ = make_backend()
     tree = recipe(tmp_path)

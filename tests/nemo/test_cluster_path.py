@@ -20,7 +20,7 @@ from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSessi
 from rise_nemo.config import config_from_dict  # noqa: E402
 from rise_nemo.interfaces import KIND_NATURAL, SamplingParams  # noqa: E402
 from rise_nemo.judges import build_judge  # noqa: E402
-from rise_nemo.orchestration.trainer import Trainer  # noqa: E402
+from rise_nemo.loop.trainer import Trainer  # noqa: E402
 
 torch.set_num_threads(1)
 MAX_NEW = 10
@@ -239,7 +239,7 @@ def test_item3_opd_checkpoint_is_the_one_nemo_rl_resumes_from(tmp_path):
     in that directory."""
     from rise_nemo.backends.nemo.checkpoints import NEMO_RL_LAYOUT, latest_nemo_rl_checkpoint
     from rise_nemo.errors import UserError
-    from rise_nemo.orchestration.checkpoint import resolve_checkpoint
+    from rise_nemo.loop.checkpoint import resolve_checkpoint
 
     tok = make_tokenizer()
     student = CpuMegatronPolicy(len(tok), 1, [])
@@ -284,7 +284,7 @@ def test_item3_eval_scores_the_opd_student_of_a_nemo_rl_checkpoint(tmp_path, mon
     import rise_nemo.backends.nemo as nemo_backend
     from rise_nemo.cli import main
     from rise_nemo.config.loader import load_config, to_yaml
-    from rise_nemo.orchestration.rundir import write_config
+    from rise_nemo.loop.rundir import write_config
 
     run_dir = tmp_path / "opd"
     cfg = load_config(REPO / "recipes" / "opd_4b_teacher14b.yaml", [
@@ -320,7 +320,7 @@ def test_item3_eval_of_a_grpo_run_builds_the_policy_from_the_chosen_checkpoint(t
     import rise_nemo.backends.nemo as nemo_backend
     from rise_nemo.cli import main
     from rise_nemo.config.loader import to_yaml
-    from rise_nemo.orchestration.run import build_trainer
+    from rise_nemo.loop.run import build_trainer
 
     tree = recipe(tmp_path / "elsewhere", "rise", steps=2)
     tree["data"] = {"source": "jsonl", "train_path": write_jsonl(tmp_path / "train.jsonl", make_prompts(4)),

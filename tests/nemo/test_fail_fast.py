@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from cpu_nemo import make_prompts, write_jsonl  # noqa: E402
 
-from rise_nemo.orchestration.rundir import RunDirLock  # noqa: E402
+from rise_nemo.loop.rundir import RunDirLock  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 BOUND_S = 240  # generous: the run itself takes seconds; a hang never ends
@@ -124,7 +124,7 @@ def test_train_exits_after_a_ray_worker_raises(tmp_path):
     assert "Traceback" in log and "illegal memory access" in log
     RunDirLock(run_dir).acquire().release()  # the run directory is not left locked: a resume can start
     assert (run_dir / "checkpoints").is_dir()
-    from rise_nemo.orchestration import checkpoint as ckpt
+    from rise_nemo.loop import checkpoint as ckpt
 
     latest = ckpt.latest_checkpoint(run_dir)  # what the resumed run starts from: step 1's, complete
     assert latest is not None and latest.name == "step_000001", latest

@@ -20,9 +20,12 @@ from rise_nemo.backends.nemo.critic import NemoCritic  # noqa: E402
 from rise_nemo.backends.nemo.runtime import NemoGenerator, NemoPolicy, NemoSession  # noqa: E402
 from rise_nemo.config import config_from_dict  # noqa: E402
 from rise_nemo.core.problem import ReasoningProblem  # noqa: E402
-from rise_nemo.methods import get_method  # noqa: E402
-from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step  # noqa: E402
-from rise_nemo.orchestration.rrl import make_step_hooks  # noqa: E402
+from rise_nemo.methods.registry import get_method  # noqa: E402
+from rise_nemo.steps.reasoning import (  # noqa: E402
+    ReasoningContext,
+    make_hooks,  # noqa: E402
+    reasoning_train_step,
+)
 
 torch.set_num_threads(1)
 MAX_NEW = 5
@@ -60,7 +63,7 @@ def test_rrl_step_on_the_nemo_backend_pieces():
                 for i, topic in enumerate(("river", "sun"))]
     ctx = ReasoningContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
                            method=get_method("rrl"), critic=critic, pad_id=tok.pad_token_id, samples_per_step=4,
-                           hooks=make_step_hooks(cfg, "rrl", len(problems)))
+                           hooks=make_hooks(get_method("rrl"), cfg, len(problems)))
     inference_calls = events.count("value.prepare_for_inference")
     w = value.model.weight.detach().squeeze(-1).clone()  # the value model at scoring time (before its update)
     m1 = reasoning_train_step(ctx, problems, 1)

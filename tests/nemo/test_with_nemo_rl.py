@@ -172,8 +172,8 @@ def test_build_and_rise_loop_on_mocked_nemo_rl(tmp_path, monkeypatch):
     import rise_nemo.backends.nemo as nemo_backend
     from rise_nemo.config.loader import load_config
     from rise_nemo.judges import build_judge
-    from rise_nemo.orchestration.data import load_prompts
-    from rise_nemo.orchestration.trainer import Trainer
+    from rise_nemo.loop.data import load_prompts
+    from rise_nemo.loop.trainer import Trainer
 
     nemo_dir = Path(nemo_rl.__file__).resolve().parents[1]
     if not (nemo_dir / "examples" / "configs" / "grpo_math_1B_megatron.yaml").exists():
@@ -527,7 +527,7 @@ def test_opd_eval_takes_the_checkpoint_nemo_rl_resumes_from(tmp_path, monkeypatc
     from rise_nemo.backends.nemo.checkpoints import NEMO_RL_LAYOUT, nemo_rl_step
     from rise_nemo.backends.nemo.config import build_master_config
     from rise_nemo.config.loader import load_config
-    from rise_nemo.orchestration.checkpoint import checkpoint_layout
+    from rise_nemo.loop.checkpoint import checkpoint_layout
 
     cfg = load_config(REPO / "recipes" / "opd_4b_teacher14b.yaml", _opd_recipe_paths(tmp_path, monkeypatch)
                       + ["train.keep_checkpoints=0"])

@@ -15,7 +15,7 @@ import tiny_task  # noqa: E402
 from rise_nemo.backends import build_backend  # noqa: E402
 from rise_nemo.config import config_from_dict  # noqa: E402
 from rise_nemo.judges import build_judge  # noqa: E402
-from rise_nemo.orchestration.trainer import Trainer  # noqa: E402
+from rise_nemo.loop.trainer import Trainer  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

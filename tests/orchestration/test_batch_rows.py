@@ -1,4 +1,4 @@
-"""The reasoning batch's row order (orchestration.reasoning_step): row b is the b-th valid rollout in (problem,
+"""The reasoning batch's row order (steps.reasoning): row b is the b-th valid rollout in (problem,
 sample) order. The readers that map rows back to rollouts (place_token_advantages, RRL's after_score, the
 perplexity variance) check it through batch_rollouts: a reordered batch is an error, never a silent mismatch."""
 
@@ -11,13 +11,13 @@ from tiny_task import chain_recipe
 from rise_nemo.config import config_from_dict
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.interfaces import Rollout
-from rise_nemo.orchestration.reasoning_step import (
+from rise_nemo.steps.reasoning import (
     batch_rollouts,
     place_token_advantages,
     rollout_batch,
     scratch_perplexity_variance,
 )
-from rise_nemo.orchestration.rrl import RRLHooks
+from rise_nemo.steps.rrl import RRLHooks
 
 
 def _rollout(prompt: list[int], response: list[int]) -> Rollout:

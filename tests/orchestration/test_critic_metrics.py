@@ -9,9 +9,9 @@ from pathlib import Path
 from test_critic_warmup import Alternating
 from test_rrl import _cfg
 
-from rise_nemo.orchestration.reasoning_step import reasoning_train_step
-from rise_nemo.orchestration.run import build_trainer
-from rise_nemo.orchestration.trainer import REASONING_PROGRESS_KEYS, progress_postfix
+from rise_nemo.loop.run import build_trainer
+from rise_nemo.loop.trainer import progress_postfix
+from rise_nemo.steps.reasoning import REASONING_PROGRESS_KEYS, reasoning_train_step
 
 
 class AllWrong:

@@ -13,9 +13,9 @@ from tiny_task import chain_recipe
 
 from rise_nemo.config import config_from_dict
 from rise_nemo.config.loader import ConfigError
-from rise_nemo.orchestration.reasoning_step import reasoning_train_step
-from rise_nemo.orchestration.run import build_trainer
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop.run import build_trainer
+from rise_nemo.loop.trainer import read_metrics
+from rise_nemo.steps.reasoning import reasoning_train_step
 
 
 def _weights(module) -> list[torch.Tensor]:

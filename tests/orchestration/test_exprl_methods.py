@@ -1,4 +1,4 @@
-"""ExpRL's methods in the reasoning step (rise_nemo.orchestration.exprl) on the embedded task: scoring
+"""ExpRL's methods in the reasoning step (rise_nemo.steps.exprl) on the embedded task: scoring
 hooks with unknown and truncated rollouts, per-token process advantages in the batch, the policy never
 sampling with the reference, the baselines (sft, self_distillation), and runs through build_trainer."""
 
@@ -14,12 +14,12 @@ from rise_nemo.config import config_from_dict
 from rise_nemo.core.exprl import token_process_advantages
 from rise_nemo.interfaces import Rollout
 from rise_nemo.judges.reference import RuleReferenceJudge
-from rise_nemo.methods import get_method
-from rise_nemo.orchestration import exprl
-from rise_nemo.orchestration.reasoning_step import ReasoningContext, reasoning_train_step
-from rise_nemo.orchestration.run import build_trainer
-from rise_nemo.orchestration.tokens import find_tokenizer
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop.run import build_trainer
+from rise_nemo.loop.trainer import read_metrics
+from rise_nemo.methods.registry import get_method
+from rise_nemo.steps import exprl
+from rise_nemo.steps.reasoning import ReasoningContext, reasoning_train_step
+from rise_nemo.steps.rollouts import find_tokenizer
 
 
 def _cfg(run_dir: Path, method: str, steps: int = 2, **extra):
@@ -277,7 +277,8 @@ def test_reasoning_jsonl_gives_problems_with_references_and_a_math_verifier(tmp_
     included) and are verified by math-verify; rubric methods keep the rubric loader."""
     import json
 
-    from rise_nemo.orchestration.data import load_prompts, reasoning_tools
+    from rise_nemo.loop.data import load_prompts
+    from rise_nemo.steps.verifiers import build_verifier
 
     rows = [{"problem": f"What is {k} + {k}?", "solution": f"### Step 1\nAdd: $\\\\boxed{{{2 * k}}}$"} for k in range(3)]
     path = tmp_path / "math.jsonl"
@@ -286,7 +287,7 @@ def test_reasoning_jsonl_gives_problems_with_references_and_a_math_verifier(tmp_
                                                                "train_path": str(path), "eval_path": str(path)}})
     train, held = load_prompts(cfg)
     assert len(train) == len(held) == 3 and train[0].reference_solution.startswith("### Step 1")
-    verifier, step_acc = reasoning_tools(cfg)
+    verifier, step_acc = build_verifier(cfg)
     assert step_acc is None
     assert verifier.verify(train[:2], ["so \\\\boxed{0}", "\\\\boxed{7}"]) == [True, False]
 

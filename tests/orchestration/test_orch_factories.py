@@ -8,7 +8,7 @@ from rise_nemo.backends import build_backend
 from rise_nemo.config import config_from_dict
 from rise_nemo.interfaces import Generator, Judge, Policy
 from rise_nemo.judges import build_judge
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop.trainer import read_metrics
 
 
 def test_build_judge_dispatches_and_rejects_bad_blocks():
@@ -56,7 +56,7 @@ def test_loop_with_the_http_judge_on_loopback(tmp_path, make_trainer):
 
 
 def test_opd_recipes_validate_but_point_train_to_the_distillation_entry():
-    from rise_nemo.methods import get_method
+    from rise_nemo.methods.registry import get_method
 
     config_from_dict({"method": "opd"})  # a valid method in the schema (the OPD recipes use it)
     with pytest.raises(ValueError, match=r"rise-nemo distill"):

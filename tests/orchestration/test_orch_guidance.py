@@ -12,8 +12,8 @@ from test_orch_loop import KIND_GUIDED, record
 from test_orch_resume import _evals, _reproducible
 
 from rise_nemo.config import config_from_dict
-from rise_nemo.orchestration.step import guidance_options
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop.trainer import read_metrics
+from rise_nemo.steps.rubric import guidance_options
 
 ALL_ON = ["rise.retention.no_regression=hard", "rise.retention.mask_penalised_spans=true",
           "rise.retention.span_unit=match", "rise.retention.max_length_ratio=1.5", "rise.gate.enabled=true",

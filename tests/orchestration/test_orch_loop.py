@@ -10,7 +10,7 @@ import torch
 
 from rise_nemo.core.prompts import GUIDANCE_TEMPLATES
 from rise_nemo.interfaces import KIND_GUIDED, KIND_NATURAL
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop.trainer import read_metrics
 
 REQUIRED_KEYS = ("step", "reward/natural_mean", "reward/privileged_mean", "guidance/delta_r", "guidance/lambda",
                  "guidance/retained", "loss/pg", "loss/guide", "policy/entropy", "time/step_s")

@@ -12,9 +12,9 @@ from test_orch_resume import _evals, _reproducible
 
 from rise_nemo.config import ConfigError, config_from_dict
 from rise_nemo.core.prompts import format_hint
-from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.step import feedback_indices, guidance_options
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop import checkpoint as ckpt
+from rise_nemo.loop.trainer import read_metrics
+from rise_nemo.steps.rubric import feedback_indices, guidance_options
 
 # 6 prompts, 2 per step: steps 1-3 visit every prompt once (epoch 0), steps 4-6 revisit them (epoch 1).
 ONE = ["rise.guidance_pass=one", "train.steps=6", "rise.schedule.switch_step=7", "eval.every=0",

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import tiny_task
 
-from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.trainer import read_metrics, reproducible_metrics
+from rise_nemo.loop import checkpoint as ckpt
+from rise_nemo.loop.trainer import read_metrics, reproducible_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from rise_nemo.judges.http import build_http_judge
-from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.trainer import read_metrics, reproducible_metrics
+from rise_nemo.loop import checkpoint as ckpt
+from rise_nemo.loop.trainer import read_metrics, reproducible_metrics
 from rise_nemo.stopping import STOP_REQUESTED
 
 OVER = ["train.steps=4", "train.checkpoint_every=0", "eval.every=2", "eval.at_start=false",

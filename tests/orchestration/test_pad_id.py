@@ -1,12 +1,12 @@
 """The pad id a step's batches use comes from the backend's tokenizer, whichever object holds it (local:
-``engine.tokenizer``; nemo: ``session.tokenizer``). Before orchestration.tokens.pad_id_of, a NeMo-RL
+``engine.tokenizer``; nemo: ``session.tokenizer``). Before steps.rollouts.pad_id_of, a NeMo-RL
 generator (which keeps the tokenizer on its session) got 0."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from rise_nemo.orchestration.tokens import pad_id_of
+from rise_nemo.steps.rollouts import pad_id_of
 
 
 def test_pad_id_from_the_tokenizer_wherever_the_backend_keeps_it():

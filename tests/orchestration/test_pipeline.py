@@ -1,4 +1,4 @@
-"""Two-stage pipelines (rise_nemo.orchestration.pipeline, `rise-nemo pipeline`): Stage I then Stage II from
+"""Two-stage pipelines (rise_nemo.loop.pipeline, `rise-nemo pipeline`): Stage I then Stage II from
 Stage I's final weights, separate run directories, resume in either stage, report over both, bad files."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from tiny_task import chain_recipe
 
 from rise_nemo.cli import main
 from rise_nemo.errors import UserError
-from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.pipeline import load_pipeline, run_pipeline
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop import checkpoint as ckpt
+from rise_nemo.loop.pipeline import load_pipeline, run_pipeline
+from rise_nemo.loop.trainer import read_metrics
 
 
 def _recipe(method: str) -> dict:
@@ -71,7 +71,7 @@ def test_stage_two_starts_from_stage_one_final_weights_and_the_report_covers_bot
 
 
 def test_eval_stream_offsets_follow_the_chain_of_init_previous(tmp_path):
-    from rise_nemo.orchestration.pipeline import eval_stream_offset
+    from rise_nemo.loop.pipeline import eval_stream_offset
 
     for name, method in (("a", "sft"), ("b", "grpo"), ("c", "grpo")):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(_recipe(method)))
@@ -87,7 +87,7 @@ def test_eval_stream_offsets_follow_the_chain_of_init_previous(tmp_path):
 
 
 def test_a_stage_evaluating_differently_is_named_in_a_warning(pipeline_file):
-    from rise_nemo.orchestration.pipeline import eval_differences, stage_config
+    from rise_nemo.loop.pipeline import eval_differences, stage_config
 
     p = load_pipeline(pipeline_file)
     s1, s2 = (stage_config(p, s) for s in p.stages)
@@ -97,17 +97,15 @@ def test_a_stage_evaluating_differently_is_named_in_a_warning(pipeline_file):
 
 
 def test_stage_two_init_loads_exactly_stage_one_final_checkpoint(pipeline_file, monkeypatch):
-    from rise_nemo.orchestration import pipeline as pl
-
     seen = {}
-    real = pl.init_policy_from
+    real = ckpt.init_policy_from
 
     def spy(policy, checkpoint):
         real(policy, checkpoint)
         seen["ckpt"] = checkpoint
         seen["weights"] = {k: v.clone() for k, v in policy.model.state_dict().items()}
 
-    monkeypatch.setattr(pl, "init_policy_from", spy)
+    monkeypatch.setattr(ckpt, "init_policy_from", spy)
     run_pipeline(load_pipeline(pipeline_file))
     s1 = pipeline_file.parent / "runs" / "stage1"
     assert seen["ckpt"] == ckpt.latest_checkpoint(s1) and seen["ckpt"].name == "step_000002"

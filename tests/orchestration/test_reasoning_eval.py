@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.interfaces import Rollout, SamplingParams
-from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning, format_reasoning_eval
+from rise_nemo.steps.reasoning_eval import evaluate_reasoning, format_reasoning_eval
 
 
 class EchoGenerator:

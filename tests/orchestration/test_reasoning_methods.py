@@ -11,9 +11,9 @@ import torch
 from tiny_task import chain_recipe
 
 from rise_nemo.config import config_from_dict
-from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.run import build_trainer
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop import checkpoint as ckpt
+from rise_nemo.loop.run import build_trainer
+from rise_nemo.loop.trainer import read_metrics
 
 
 def _cfg(run_dir: Path, method: str, steps: int = 3):
@@ -84,7 +84,7 @@ def _samples(run_dir: Path):
 def test_samples_record_the_given_and_sampled_split_of_replayed_prefixes(tmp_path):
     """A start-state hook (RRL's seam) gives rollouts a response prefix (here every other rollout): samples.jsonl
     says how many tokens were given and how many sampled, and the response starts with the given text."""
-    from rise_nemo.orchestration.reasoning_step import StepHooks, reasoning_train_step
+    from rise_nemo.steps.reasoning import StepHooks, reasoning_train_step
 
     trainer = build_trainer(_cfg(tmp_path / "run", "grpo", steps=1))
     ctx, gen = trainer.ctx, trainer.generator
@@ -110,8 +110,8 @@ def test_samples_record_the_given_and_sampled_split_of_replayed_prefixes(tmp_pat
 
 
 def test_ppo_needs_a_critic_and_a_verifier():
-    from rise_nemo.methods import RunParts, get_method
-    from rise_nemo.orchestration.reasoning_step import ReasoningContext
+    from rise_nemo.methods.registry import RunParts, get_method
+    from rise_nemo.steps.reasoning import ReasoningContext
 
     with pytest.raises(ValueError, match="needs a critic"):
         ReasoningContext(cfg=None, policy=None, generator=None, verifier=None, method=get_method("ppo"))
@@ -125,7 +125,7 @@ def test_eval_command_and_report_on_a_reasoning_run(tmp_path, capsys):
     import yaml
 
     from rise_nemo.commands.evaluate import run as eval_run
-    from rise_nemo.orchestration.report import make_report
+    from rise_nemo.reports.report import make_report
 
     run_dir = tmp_path / "run"
     assert build_trainer(_cfg(run_dir, "grpo", steps=2)).run() == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rise_nemo.orchestration.report import load_run
+from rise_nemo.reports.runs import load_run
 
 pytest.importorskip("matplotlib")
 
@@ -74,7 +74,7 @@ def _rrl(path: Path) -> Path:
 
 
 def _figures(runs):
-    from rise_nemo.orchestration.reasoning_report import build_reasoning_figures
+    from rise_nemo.reports.reasoning import build_reasoning_figures
 
     return build_reasoning_figures([load_run(p) for p in runs])
 

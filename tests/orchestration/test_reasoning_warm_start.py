@@ -1,15 +1,12 @@
-"""The warm-start property check (rise_nemo/orchestration/reasoning_warm_start.py) and the pooled
-pass@k the reasoning demo prints, on hand-made evaluation results."""
+"""The warm-start property check (rise_nemo/loop/warm_start.py) and the pooled
+pass@k the reasoning demo prints (rise_nemo/steps/reasoning_eval.py), on hand-made evaluation results."""
 
 from __future__ import annotations
 
 import pytest
 
-from rise_nemo.orchestration.reasoning_warm_start import (
-    format_warm_start_properties,
-    pooled_pass_at_k,
-    warm_start_properties,
-)
+from rise_nemo.loop.warm_start import format_warm_start_properties, warm_start_properties
+from rise_nemo.steps.reasoning_eval import pooled_pass_at_k
 
 
 def _result(levels: dict[int, tuple[float, float | None, float | None, int]]) -> dict:

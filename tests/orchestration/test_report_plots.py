@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rise_nemo.orchestration.report import RunData, build_figures
+from rise_nemo.reports.report import build_figures
+from rise_nemo.reports.runs import RunData
 
 pytest.importorskip("matplotlib")
 

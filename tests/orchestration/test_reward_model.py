@@ -16,9 +16,9 @@ from rise_nemo.config.loader import load_config
 from rise_nemo.core.rewards import reward_model_rewards
 from rise_nemo.data.reasoning import load_reasoning_problems
 from rise_nemo.errors import UserError
-from rise_nemo.orchestration.reward_model import PreferenceVerifier, conversation
-from rise_nemo.orchestration.run import build_trainer
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop.run import build_trainer
+from rise_nemo.loop.trainer import read_metrics
+from rise_nemo.steps.verifiers import PreferenceVerifier, conversation
 
 REPO = Path(__file__).resolve().parents[2]
 HH = REPO / "rise_nemo" / "evals" / "data" / "hh_rlhf_harmless_8.jsonl"
@@ -137,7 +137,7 @@ class _Ctx:
 
 def test_scorer_rewards_raw_scores_and_solved_means_beating_the_reference(rm_dir, tmp_path, monkeypatch):
     from rise_nemo.interfaces import Rollout
-    from rise_nemo.orchestration.reward_model import reward_model_scores
+    from rise_nemo.steps.reward_model import reward_model_scores
 
     rm = LocalRewardModel(rm_dir)
     cfg = _cfg(tmp_path, rm_dir, monkeypatch)
@@ -167,8 +167,6 @@ def _cfg(tmp_path, rm: Path | None, monkeypatch, *overrides: str):
 @pytest.mark.parametrize("overrides,match", [
     ((), r"^config key 'reward_model\.path': is null"),
     (("reward_model.path=/nonexistent/rm",), r"^config key 'reward_model\.path': /nonexistent/rm is not a directory"),
-    (("reward.scorer=reward_modle",), r"^config key 'reward\.scorer': unknown scorer 'reward_modle'"),
-    (("method=rubric_rl", "data.source=persistent"), r"^config key 'reward\.scorer': method 'rubric_rl'"),
 ])
 def test_recipe_errors_name_the_key(tmp_path, monkeypatch, overrides, match):
     cfg = _cfg(tmp_path, None, monkeypatch, *overrides)
@@ -178,14 +176,27 @@ def test_recipe_errors_name_the_key(tmp_path, monkeypatch, overrides, match):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("overrides,match", [
+    (("reward.scorer=reward_modle",), r"command-line override: key 'reward\.scorer': unknown scorer 'reward_modle'"),
+    (("method=rubric_rl", "data.source=persistent"),
+     r"ppo_hh_tiny_cpu\.yaml: key 'reward\.scorer': method 'rubric_rl' runs the rubric step"),
+])
+def test_scorer_errors_are_refused_when_the_config_loads(tmp_path, monkeypatch, overrides, match):
+    from rise_nemo.config import ConfigError
+
+    with pytest.raises(ConfigError, match=match) as info:
+        _cfg(tmp_path, None, monkeypatch, *overrides)
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("method", ["ppo", "rrl"])
 def test_tiny_hh_recipe_trains_end_to_end(tmp_path, monkeypatch, rm_dir, method):
     extra = ("method=rrl", "rrl.granularity=token", "rrl.beta=1.0", "rrl.steps_per_epoch=1",
              "rrl.stabilise.max_steps=0") if method == "rrl" else ()
     cfg = _cfg(tmp_path, rm_dir, monkeypatch, *extra)
     trainer = build_trainer(cfg)
-    assert isinstance(trainer.verifier, PreferenceVerifier) and trainer.verifier.reward_model is trainer.reward_model
-    rm = trainer.reward_model
+    assert isinstance(trainer.ctx.verifier, PreferenceVerifier) and trainer.ctx.verifier.reward_model is trainer.ctx.reward_model
+    rm = trainer.ctx.reward_model
     assert trainer.run() == 0
     metrics = [m for m in read_metrics(tmp_path / "run") if "rm/score_mean" in m]
     assert [m["step"] for m in metrics] == [1, 2]

@@ -1,4 +1,4 @@
-"""RRL end to end on the embedded task (rise_nemo.orchestration.rrl; docs/DESIGN.md §9): replayed rollouts continue
+"""RRL end to end on the embedded task (rise_nemo.steps.rrl; docs/DESIGN.md §9): replayed rollouts continue
 buffered states whose tokens get exactly zero policy gradient, GAE starts at the state, a correct completion
 removes its state, the state sources give the CS / PGS ablations, resume is exact with a non-empty buffer,
 and before stabilisation RRL is PPO exactly."""
@@ -15,11 +15,11 @@ from rise_nemo.config import config_from_dict
 from rise_nemo.config.loader import ConfigError
 from rise_nemo.core.logprobs import token_logprobs
 from rise_nemo.data.chain_task import step_prefixes
-from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.reasoning_step import reasoning_train_step
-from rise_nemo.orchestration.run import build_trainer
-from rise_nemo.orchestration.step import recipe_policy_loss_fn
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop import checkpoint as ckpt
+from rise_nemo.loop.run import build_trainer
+from rise_nemo.loop.trainer import read_metrics
+from rise_nemo.steps.reasoning import reasoning_train_step
+from rise_nemo.steps.rollouts import recipe_policy_loss_fn
 
 # Two training problems (one per level), two per step: every step revisits both, so states replay from step 2.
 # 20 warm-start steps: the policy then writes the task's step marker in most rollouts, so policy-sourced states
@@ -207,7 +207,7 @@ def test_default_granularity_cuts_real_solutions_and_one_that_cuts_nothing_is_re
     from rise_nemo.data.chain_task import make_chain_task
     from rise_nemo.data.reasoning import load_reasoning_problems
     from rise_nemo.errors import UserError
-    from rise_nemo.orchestration.rrl import check_granularity
+    from rise_nemo.steps.rrl import check_granularity
 
     gsm8k = load_reasoning_problems(Path(__file__).parents[1] / "data" / "fixtures" / "gsm8k_test_first8.jsonl").problems
     default = config_from_dict({"method": "rrl"})

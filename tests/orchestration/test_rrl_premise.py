@@ -14,11 +14,10 @@ from test_rrl import AlwaysWrong, _cfg
 
 from rise_nemo.data.chain_task import step_prefixes
 from rise_nemo.interfaces import Rollout
-from rise_nemo.orchestration.critic_ranking import prefix_value_auc
-from rise_nemo.orchestration.reasoning_step import reasoning_train_step
-from rise_nemo.orchestration.run import build_trainer
-from rise_nemo.orchestration.step import TrainSample, build_batch
-from rise_nemo.orchestration.trainer import read_metrics
+from rise_nemo.loop.run import build_trainer
+from rise_nemo.loop.trainer import read_metrics
+from rise_nemo.steps.reasoning import prefix_value_auc, reasoning_train_step
+from rise_nemo.steps.rollouts import TrainSample, build_batch
 
 
 @pytest.mark.parametrize("limit,dropped", [(2, True), (None, False)])

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rise_nemo.orchestration.evaluate import EvaluationError
+from rise_nemo.steps.rubric_eval import EvaluationError
 
 
 class _Verdicts:

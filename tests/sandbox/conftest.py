@@ -1,7 +1,12 @@
 """Fixtures for the code sandbox tests: a bubblewrap sandbox with small limits and a CodeVerifier on it.
 
 Without bubblewrap (or where it cannot create namespaces) the tests skip with the reason, except in CI
-(``CI=true``, set by .ci/run, which installs bubblewrap): there they fail.
+(``CI=true``, set by .ci/run, which installs bubblewrap): there they fail. The same holds for per-execution
+cgroups (``cgroups``): CI runs as root, where they must work; a non-root machine without a delegated
+subtree runs the rlimit-only fallback, and the tests that need cgroups skip there.
+
+Memory attacks are finite (about twice the execution cap, 272 MiB here) and ``roomy_host`` skips them on a
+host with less than 2 GiB available, so they can never push this machine into its OOM killer.
 """
 
 from __future__ import annotations
@@ -27,6 +32,30 @@ def sandbox() -> BubblewrapSandbox:
             raise
         pytest.skip(str(exc))
     return box
+
+
+@pytest.fixture(scope="session")
+def cgroups(sandbox):
+    """The session sandbox's per-execution cgroups (skip without them, fail in CI)."""
+    if sandbox.cgroups is None:
+        reason = f"no per-execution cgroups here ({sandbox.containment.reason})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return sandbox.cgroups
+
+
+def mem_available() -> int:
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.fixture
+def roomy_host():
+    if mem_available() < 2 << 30:
+        pytest.skip(f"only {mem_available() >> 20} MiB available: no memory bomb on this host now")
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from rise_nemo.data.reasoning import load_reasoning_problems
 from rise_nemo.data.samples import apps_solutions_path
 from rise_nemo.errors import UserError
 from rise_nemo.judges.code_verifier import CodeVerifier
-from rise_nemo.orchestration.data import code_verifier
+from rise_nemo.steps.verifiers import code_verifier
 
 ray = pytest.importorskip("ray")
 

@@ -198,18 +198,78 @@ def test_bad_task_values_name_the_key(kwargs, message):
 def test_unknown_task_key_is_a_one_line_user_error_naming_it():
     from rise_nemo.config import load_config
     from rise_nemo.errors import UserError
-    from rise_nemo.orchestration.data import load_prompts_checked
+    from rise_nemo.loop.data import load_prompts_checked
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "recipes" / "rise_tiny_cpu.yaml", ["++data.task.name_behavior=true"])
     with pytest.raises(UserError, match=r"^data\.task\.name_behavior: unknown key for data\.source persistent; "
-                                        r"known: \['seed', .*'name_behaviours'\]$"):
+                                        r"known: \['seed', .*'name_behaviours', 'heldout_pool_per_topic', 'replicate'\]$"):
         load_prompts_checked(cfg)
     cfg = load_config(root / "recipes" / "rise_tiny_cpu.yaml", ["++data.task.name_behaviours=1"])
     with pytest.raises(UserError, match=r"^data\.task\.name_behaviours: expected true or false, got 1$"):
         load_prompts_checked(cfg)
     # The reasoning task's keys are its own generator's to check (ChainTaskConfig): they still pass through.
-    from rise_nemo.orchestration.data import chain_task
+    from rise_nemo.loop.data import chain_task
 
     cfg = load_config(root / "recipes" / "rrl_chain_late_tiny_cpu.yaml", [])
     assert chain_task(cfg).train and cfg.data.task.late_from == 8
+
+
+# ---- the null control: a policy that ignores hints -----------------------------------------------------
+
+
+def test_null_control_warm_start_writes_unhinted_responses_to_hinted_prompts():
+    task = make_persistent_task(seed=0, criteria="prompt", name_behaviours=True)
+    judge = RuleJudge()
+    for follow, expected in ((True, 1.0), (False, 0.0)):
+        cfg = WarmStartConfig(unprompted_rate=0.0, hinted_negative_rate=0.0, natural_negative_rate=0.0,
+                              hint_following=follow)
+        rng, met, total = random.Random(2), 0, 0
+        for p in task.train[:24]:
+            ex = make_example(task, p, True, rng, cfg)
+            assert ex.messages != list(p.messages) and ex.messages[-1]["content"].startswith(
+                p.messages[-1]["content"])  # the privileged prompt either way
+            v = judge.judge([JudgeRequest(p.messages, ex.response, p.rubric, p.prompt_id)])[0]
+            hinted = [k for k in task.persistent_criterion_ids[p.prompt_id]
+                      if p.rubric.criteria[k].text in ex.messages[-1]["content"]]
+            met += sum(v[k] for k in hinted)
+            total += len(hinted)
+        assert total and met / total == expected
+    with pytest.raises(ValueError, match="warm_start.hint_following: expected true or false"):
+        WarmStartConfig.from_mapping({"hint_following": "no"})
+
+
+def test_null_control_has_its_own_warm_start_cache_and_the_default_keeps_its_key():
+    from types import SimpleNamespace
+
+    from rise_nemo.tasks.persistent_warm_start import _cache_key
+
+    policy = SimpleNamespace(engine=SimpleNamespace(fingerprint=lambda: "model-fp"))
+    task = make_persistent_task(seed=0)
+    assert _cache_key(task, policy, WarmStartConfig(hint_following=True)) == "807b3d1cf74da8c5"
+    assert _cache_key(task, policy, WarmStartConfig(hint_following=False)) != "807b3d1cf74da8c5"
+
+
+# ---- replicates: a seed's own prompts from pools that share one warm start ---------------------------
+
+
+def test_replicates_draw_their_own_prompts_from_pools_and_share_the_warm_start():
+    kw = {"seed": 0, "criteria": "prompt", "name_behaviours": True, "heldout_pool_per_topic": 6}
+    reps = [make_persistent_task(replicate=r, **kw) for r in range(4)]
+    assert make_persistent_task(replicate=2, **kw) == reps[2]
+    assert len({r.fingerprint() for r in reps}) == 1  # one warm start for every replicate of the pool
+    assert all(r.warmup == reps[0].warmup for r in reps)
+    warm_ids = {p.prompt_id for p in reps[0].warmup}
+    pool_ids = set()
+    for r in reps:
+        assert len(r.train) == 64 and len(r.heldout) == 16
+        assert not {p.prompt_id for p in r.heldout} & warm_ids  # held out of the warm start
+        assert {p.prompt_id for p in r.train} <= warm_ids
+        pool_ids |= {p.prompt_id for p in r.heldout}
+    assert len({tuple(p.prompt_id for p in r.heldout) for r in reps}) == 4 and len(pool_ids) <= 48
+    # without a replicate, today's task (the pins of the tests above) is unchanged
+    assert make_persistent_task(seed=3) == make_persistent_task(seed=3, heldout_pool_per_topic=None)
+    with pytest.raises(ValueError, match="data.task.replicate: needs data.task.heldout_pool_per_topic"):
+        make_persistent_task(replicate=1)
+    with pytest.raises(ValueError, match=r"data.task.heldout_pool_per_topic \(1\): expected heldout_per_topic"):
+        make_persistent_task(heldout_pool_per_topic=1)

@@ -6,7 +6,7 @@ Keys (all optional except that a tokenizer must be known):
                     output, e.g. a downloaded Qwen2.5-0.5B-Instruct), loaded offline with
                     AutoModelForCausalLM / AutoTokenizer (local_files_only); null = build the tiny random
                     Qwen3 model described by ``tiny`` (the embedded tasks only: real text needs a real
-                    model, rise_nemo.orchestration.data.check_real_model). ``model`` is the older name.
+                    model, rise_nemo.steps.verifiers.check_real_model). ``model`` is the older name.
   tokenizer         local path of a tokenizer, or ``builtin:persistent_task`` (word-level vocabulary of
                     the demo task, made in code); default: the ``model_path`` directory; required with a
                     tiny model

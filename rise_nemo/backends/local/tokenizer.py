@@ -13,7 +13,8 @@ appends it to every target response.
 
 Named built-in vocabularies (``local.tokenizer: builtin:<name>``) are resolved by ``builtin_tokenizer``;
 the demo's is ``builtin:persistent_task`` (rise_nemo.data.persistent_task.vocabulary_corpus); the
-reasoning task's is ``builtin:reasoning_task`` (rise_nemo.data.chain_task.vocabulary_corpus).
+reasoning task's is ``builtin:reasoning_task`` (rise_nemo.data.chain_task.vocabulary_corpus), and
+``builtin:reasoning_task_zap`` adds the hidden operation's word (``data.task.hidden_op``).
 """
 
 from __future__ import annotations
@@ -82,9 +83,9 @@ def builtin_tokenizer(name: str):
         from rise_nemo.data.persistent_task import vocabulary_corpus
 
         return build_word_tokenizer(vocabulary_corpus())
-    if name == "reasoning_task":
+    if name in ("reasoning_task", "reasoning_task_zap"):
         from rise_nemo.data.chain_task import vocabulary_corpus as reasoning_corpus
 
-        return build_word_tokenizer(reasoning_corpus())
+        return build_word_tokenizer(reasoning_corpus(hidden_op=name == "reasoning_task_zap"))
     raise ValueError(f"local.tokenizer: unknown built-in tokenizer 'builtin:{name}'; known: "
-                     "builtin:persistent_task, builtin:reasoning_task")
+                     "builtin:persistent_task, builtin:reasoning_task, builtin:reasoning_task_zap")

@@ -6,7 +6,7 @@ evaluates. A run directory holds one of two layouts:
 
 - rise_nemo's own loop (``nemo.algorithm: grpo``, every RL method): ``<run>/checkpoints/step_000010/``
   with ``policy/{weights,optimizer,tokenizer}`` (written through NeMo-RL's ``Policy.save_checkpoint``),
-  ``trainer.pt`` and ``COMPLETE`` (rise_nemo.orchestration.checkpoint; ``latest`` names the newest).
+  ``trainer.pt`` and ``COMPLETE`` (rise_nemo.loop.checkpoint; ``latest`` names the newest).
 - on-policy distillation (``nemo.algorithm: distillation``): NeMo-RL's ``distillation_train`` and its
   ``CheckpointManager`` write ``<run>/nemo_rl_checkpoints/step_10/`` (``checkpoint_dir`` is set there by
   ``config.derived_values``) holding ``training_info.json``, ``config.yaml``,
@@ -82,7 +82,7 @@ NEMO_RL_LAYOUT = CheckpointLayout(
 
 def checkpoint_layout(recipe: Mapping[str, Any]) -> CheckpointLayout | None:
     """Where this recipe's runs keep their policy checkpoints when NeMo-RL's loop writes them (distillation:
-    NeMo-RL's manager); None when rise_nemo's own loop does (rise_nemo.orchestration.checkpoint)."""
+    NeMo-RL's manager); None when rise_nemo's own loop does (rise_nemo.loop.checkpoint)."""
     from rise_nemo.backends.nemo.config import NEMO_DISTILLATION, algorithm
 
     return NEMO_RL_LAYOUT if algorithm(recipe) == NEMO_DISTILLATION else None

@@ -1,6 +1,6 @@
 """``interfaces.Policy`` and ``interfaces.Generator`` on NeMo-RL's Megatron ``Policy`` and vLLM generation.
 
-One step of the orchestration (rise_nemo.orchestration.step) calls, in order:
+One step of the orchestration (rise_nemo.steps.rubric) calls, in order:
   generator.generate(natural prompts)      -> opens the generation window (refit weights into vLLM once)
   generator.generate(privileged prompts)   -> same window, same engine: no second refit or wake-up
   policy.get_logprobs(batch)               -> closes the window (vLLM sleeps), Megatron forward

@@ -3,8 +3,10 @@
 ``data.source``:
   persistent  the generated persistent-criteria task (rise_nemo.data.persistent_task), parameters in
               ``data.task``; a fresh run first warm-starts the policy (``data.warm_start``, cached; tasks.persistent_warm_start)
-  jsonl       rubric files (``data.train_path`` / ``data.eval_path``, JSONL or parquet) in any format
-              rise_nemo.data.loaders reads (healthbench, rubrichub, rar, rise; ``data.format``)
+  jsonl       files (``data.train_path`` / ``data.eval_path``, JSONL or parquet) of what the method trains on
+              (``Method.data``): rubric prompts in any format rise_nemo.data.loaders reads (healthbench,
+              rubrichub, rar, rise), or problems with reference solutions (rise_nemo.data.reasoning: math, gsm8k,
+              reasoning, apps, hh_rlhf; ``data.format``)
   chain_arithmetic  the embedded reasoning task (rise_nemo.data.chain_task), parameters in ``data.task``;
               a fresh run first warm-starts the policy (``data.warm_start``), cached under
               rise_nemo.cache.cache_dir() (``$RISE_NEMO_CACHE``) unless ``data.warm_start_cache`` is null
@@ -21,6 +23,8 @@ import numpy as np
 from rise_nemo.core.rubric import RubricError, RubricPrompt
 from rise_nemo.data.loaders import load_rubric_prompts
 from rise_nemo.errors import UserError
+from rise_nemo.methods.registry import Method, get_method
+from rise_nemo.steps.rollouts import find_tokenizer
 
 
 def persistent_task(cfg: Any):
@@ -42,102 +46,6 @@ def chain_task(cfg: Any):
     from rise_nemo.data.chain_task import make_chain_task
 
     return make_chain_task(**_plain(cfg.data.task))
-
-
-def reasoning_tools(cfg: Any, reward_model: Any = None) -> tuple[Any, Any]:
-    """(verifier, step_accuracy checker or None) for the recipe's reasoning data source: the embedded task's
-    rule verifier, the sandboxed unit-test reward (``CodeVerifier``) for APPS code files (``data.format:
-    apps``), the reward model's preference over the chosen reply (``PreferenceVerifier``) for HH-RLHF pairs
-    (``data.format: hh_rlhf``; ``reward_model`` or the one the ``reward_model:`` block builds), or
-    math-verify (``MathVerifier``) for other reasoning files (``data.source: jsonl`` of a reasoning method:
-    formats math, gsm8k, reasoning)."""
-    if cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) == "hh_rlhf":
-        from rise_nemo.orchestration.reward_model import PreferenceVerifier
-
-        return PreferenceVerifier(reward_model if reward_model is not None else build_reward_model(cfg)), None
-    if cfg.data.source == "chain_arithmetic":
-        from rise_nemo.data.chain_task import RuleArithmeticVerifier, step_accuracy
-
-        return RuleArithmeticVerifier(), step_accuracy
-    if cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) == "apps":
-        return code_verifier(cfg), None  # unit tests in the bubblewrap sandbox (docs/DESIGN.md §10)
-    if cfg.data.source == "jsonl" and _reasoning_method(cfg):
-        require_verifier_extras(cfg)
-        from rise_nemo.judges.verifiers import MathVerifier
-
-        return MathVerifier(), None
-    raise ValueError(f"config key 'data.source': {cfg.data.source!r} has no verifier for method {cfg.method!r}")
-
-
-def check_reward_model(cfg: Any) -> None:
-    """A recipe that needs a reward model (``needs_reward_model``) names one: a one-line UserError otherwise,
-    raised before anything is read or built."""
-    if not needs_reward_model(cfg):
-        return
-    path = cfg.reward_model.path
-    if not path:
-        raise UserError("config key 'reward_model.path': is null, but the recipe needs a reward model "
-                        f"(reward.scorer={cfg.reward.scorer}, data.format={cfg.data.format}); set it to a "
-                        "Bradley-Terry sequence classifier")
-    if cfg.backend == "local" and not Path(str(path)).expanduser().is_dir():  # nemo: a hub name is fine
-        raise UserError(f"config key 'reward_model.path': {path} is not a directory; the local backend loads the "
-                        "reward model from a local directory holding a sequence classifier and its tokenizer")
-
-
-def code_verifier(cfg: Any) -> Any:
-    """The unit-test reward of the ``code_reward:`` block: the local sandbox pool, or ``ray_actors`` Ray actors
-    (judges.ray_actor.RayCodeVerifier) on the run's Ray cluster."""
-    c = cfg.code_reward
-    kwargs = {"per_test_seconds": float(c.per_test_seconds), "total_seconds": float(c.total_seconds)}
-    if int(c.ray_actors) == 0:
-        from rise_nemo.judges.code_verifier import CodeVerifier
-
-        return CodeVerifier(workers=c.workers, **kwargs)
-    from rise_nemo.errors import require_extra
-
-    require_extra("judge", "ray", what="the code sandbox's Ray actors (code_reward.ray_actors > 0)")
-    from rise_nemo.judges.ray_actor import RayCodeVerifier
-
-    try:
-        return RayCodeVerifier(actors=int(c.ray_actors), workers=int(c.workers or 4), chunk_size=int(c.chunk_size),
-                               verifier_kwargs=kwargs)
-    except RuntimeError as exc:
-        raise UserError(f"config key 'code_reward.ray_actors': {str(exc).splitlines()[0]}") from None
-
-
-def build_reward_model(cfg: Any) -> Any:
-    """The backend's reward model for the ``reward_model:`` block; config problems as one-line UserErrors."""
-    check_reward_model(cfg)
-    from rise_nemo.backends import build_reward_model as build
-
-    try:
-        return build(cfg)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-
-
-def needs_reward_model(cfg: Any) -> bool:
-    """The recipe's scorer is the reward model's, or its data are HH-RLHF pairs (evaluated with it)."""
-    from rise_nemo.orchestration.reward_model import SCORER
-
-    hh = cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) == "hh_rlhf"
-    return cfg.reward.scorer == SCORER or bool(hh)
-
-
-def require_verifier_extras(cfg: Any) -> None:
-    """Reasoning files are checked with math-verify (the 'math' extra): a one-line UserError naming it, raised
-    before any data is read or model built (rise_nemo.orchestration.run)."""
-    if cfg.data.source == "jsonl" and _reasoning_method(cfg) and str(cfg.data.format) != "hh_rlhf":
-        from rise_nemo.errors import require_extra
-
-        require_extra("math", "math_verify", what="checking math answers (data.source: jsonl, method "
-                      f"{cfg.method})")
-
-
-def _reasoning_method(cfg: Any) -> bool:
-    from rise_nemo.methods import get_method
-
-    return get_method(str(cfg.method)).verifier
 
 
 def warm_start_policy(cfg: Any, policy: Any, generator: Any, progress: bool = True) -> Any:
@@ -183,28 +91,36 @@ def _plain(node: Any) -> dict[str, Any]:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
 
 
-def load_prompts(cfg: Any) -> tuple[list[RubricPrompt], list[RubricPrompt]]:
-    """(train prompts, held-out eval prompts) for the recipe, truncated to ``data.max_*_prompts``."""
+def _rubric_prompts(path: str, fmt: str, skip: bool) -> list[RubricPrompt]:
+    return load_rubric_prompts(path, fmt, skip).prompts
+
+
+def _problems(path: str, fmt: str, skip: bool) -> list[Any]:
+    from rise_nemo.data.reasoning import load_reasoning_problems
+
+    return load_reasoning_problems(path, fmt, skip).problems
+
+
+# data.source jsonl: the reader of what the method trains on (``Method.data``)
+FILE_READERS = {"rubric_prompts": _rubric_prompts, "problems": _problems}
+
+
+def load_prompts(cfg: Any, method: Method | None = None) -> tuple[list[Any], list[Any]]:
+    """(train prompts, held-out eval prompts) for the recipe, truncated to ``data.max_*_prompts``: rubric prompts
+    or problems, as ``method`` trains on (default: the recipe's method)."""
+    method = method if method is not None else get_method(str(cfg.method))
     if cfg.data.source == "persistent":
         task = persistent_task(cfg)
         train, held_out = list(task.train), list(task.heldout)
     elif cfg.data.source == "chain_arithmetic":
         task = chain_task(cfg)
         train, held_out = list(task.train), list(task.heldout)
-    elif cfg.data.source == "jsonl" and _reasoning_method(cfg):  # verifiable problems with references
-        if not cfg.data.train_path:
-            raise ValueError("config key 'data.train_path' is required when data.source is jsonl")
-        from rise_nemo.data.reasoning import load_reasoning_problems
-
-        fmt, skip = str(cfg.data.format), bool(cfg.data.skip_invalid)
-        train = load_reasoning_problems(cfg.data.train_path, fmt, skip).problems
-        held_out = load_reasoning_problems(cfg.data.eval_path, fmt, skip).problems if cfg.data.eval_path else []
     elif cfg.data.source == "jsonl":
         if not cfg.data.train_path:
             raise ValueError("config key 'data.train_path' is required when data.source is jsonl")
-        fmt, skip = str(cfg.data.format), bool(cfg.data.skip_invalid)
-        train = load_rubric_prompts(cfg.data.train_path, fmt, skip).prompts
-        held_out = load_rubric_prompts(cfg.data.eval_path, fmt, skip).prompts if cfg.data.eval_path else []
+        read, fmt, skip = FILE_READERS[method.data], str(cfg.data.format), bool(cfg.data.skip_invalid)
+        train = read(cfg.data.train_path, fmt, skip)
+        held_out = read(cfg.data.eval_path, fmt, skip) if cfg.data.eval_path else []
     else:
         raise ValueError(f"config key 'data.source': unknown source {cfg.data.source!r}")
     if cfg.data.max_train_prompts:
@@ -219,38 +135,6 @@ def load_prompts(cfg: Any) -> tuple[list[RubricPrompt], list[RubricPrompt]]:
     return list(train), list(held_out)
 
 
-def check_real_model(cfg: Any) -> None:
-    """Real-text reasoning data (``data.source: jsonl`` of a reasoning method: GSM8K, MATH, our own rows) on
-    the local backend needs a pretrained model: ``local.model_path``, a directory holding a Hugging Face causal
-    LM and its tokenizer. Without one the backend would build the tiny random model of the embedded task, whose
-    word tokenizer turns real text into unknown tokens, and train garbage: a one-line error naming the key. A
-    tiny model on a tokenizer of the user's own (``local.tokenizer`` a path, e.g. a word vocabulary built for a
-    small code task) is a deliberate choice and passes here; ``check_tokenizer_covers`` then refuses any prompt
-    or reference it cannot encode. On
-    any backend, ExpRL on such data needs an LLM reference judge (the rule judge reads the embedded task only)."""
-    if cfg.data.source != "jsonl" or not _reasoning_method(cfg):
-        return
-    from rise_nemo.methods import get_method
-
-    judge = cfg.judge.get("type") if cfg.judge is not None else None
-    if get_method(str(cfg.method)).judge == "reference" and judge == "rule":
-        raise UserError(f"config key 'judge.type': the rule reference judge grades only the embedded task's steps; "
-                        f"ExpRL on data.source=jsonl ({cfg.data.train_path}) needs an LLM judge: judge.type=http "
-                        "(docs/DESIGN.md §8)")
-    if cfg.backend != "local":
-        return
-    local = cfg.local or {}
-    if local.get("model_path") is not None or local.get("model") is not None:
-        return
-    if not str(local.get("tokenizer") or "builtin:").startswith("builtin:"):
-        return  # the user's own tokenizer on a tiny model: check_tokenizer_covers refuses unknown tokens
-    raise UserError(
-        f"config key 'local.model_path': data.source=jsonl (format {cfg.data.format}, {cfg.data.train_path}) is real "
-        "text, which the local backend's tiny random model and word tokenizer cannot read; set local.model_path to "
-        "a local directory holding a Hugging Face causal LM and its tokenizer (e.g. a downloaded "
-        "Qwen2.5-0.5B-Instruct), or train on the embedded task (data.source=chain_arithmetic)")
-
-
 UNK_CHECK_PROMPTS = 64  # training prompts (and references) encoded by check_tokenizer_covers
 
 
@@ -259,13 +143,16 @@ def check_tokenizer_covers(cfg: Any, generator: Any, prompts: Sequence[Any]) -> 
     text outside its vocabulary: the first ``UNK_CHECK_PROMPTS`` training prompts (rendered with the chat
     template) and reference solutions are encoded, and any unknown token is a one-line error naming the key.
     Byte-level tokenizers (every real LLM's) have no unknown token and pass untouched."""
-    tokenizer = getattr(getattr(generator, "engine", None), "tokenizer", None)
-    unk = getattr(tokenizer, "unk_token_id", None)
-    if unk is None or not hasattr(generator, "encode_prompt"):
+    try:
+        tokenizer = find_tokenizer(generator)
+    except ValueError:
+        return  # a generator without a tokenizer (a test double) encodes nothing here
+    unk = getattr(tokenizer, "unk_token_id", None)  # a Hugging Face tokenizer's; byte-level ones have none
+    if unk is None:
         return
     for prompt in list(prompts)[:UNK_CHECK_PROMPTS]:
         texts = [("prompt", generator.encode_prompt(list(prompt.messages)))]
-        reference = getattr(prompt, "reference_solution", None)
+        reference = getattr(prompt, "reference_solution", None)  # rubric prompts have none
         if reference:
             texts.append(("reference solution", tokenizer.encode(reference, add_special_tokens=False)))
         for what, ids in texts:
@@ -279,7 +166,7 @@ def check_tokenizer_covers(cfg: Any, generator: Any, prompts: Sequence[Any]) -> 
                     "covers its own task: set local.model_path to a pretrained model for real text")
 
 
-def load_prompts_checked(cfg: Any, env_sources: Mapping[str, str] | None = None):
+def load_prompts_checked(cfg: Any, env_sources: Mapping[str, str] | None = None, method: Method | None = None):
     """``load_prompts`` with every data problem as a one-line ``UserError``: a missing file names the
     config key and, when an environment variable set it (``${oc.env:RISE_TRAIN_DATA,...}``), the variable."""
     env_sources = env_sources or {}
@@ -292,7 +179,7 @@ def load_prompts_checked(cfg: Any, env_sources: Mapping[str, str] | None = None)
                     else f"file not found: {value}")
             raise UserError(f"config key 'data.{key}': {what}{how}")
     try:
-        return load_prompts(cfg)
+        return load_prompts(cfg, method)
     except (RubricError, ValueError) as exc:
         raise UserError(str(exc)) from None
 

@@ -170,7 +170,7 @@ def eval_differences(previous: Any, cfg: Any) -> list[str]:
     """What makes a stage's step-0 evaluation differ from the previous stage's final one of the same weights,
     besides the stream (``eval_stream_offset`` aligns that): its sampling parameters, samples per prompt, the
     held-out set and the seed. Empty when the two evaluations are the same computation."""
-    from rise_nemo.orchestration.evaluate import eval_sampling_params
+    from rise_nemo.steps.rollouts import eval_sampling_params
 
     a = eval_sampling_params(previous, int(previous.train.steps))
     b = eval_sampling_params(cfg, 0)
@@ -201,7 +201,7 @@ def stage_done(run_dir: Path, steps: int) -> bool:
 
 
 def final_checkpoint(run_dir: Path) -> Path:
-    from rise_nemo.orchestration import checkpoint as ckpt
+    from rise_nemo.loop import checkpoint as ckpt
 
     path = ckpt.latest_checkpoint(run_dir)
     if path is None:
@@ -209,23 +209,13 @@ def final_checkpoint(run_dir: Path) -> Path:
     return path
 
 
-def init_policy_from(policy: Any, checkpoint: Path) -> None:
-    """Load only the policy weights of ``checkpoint`` (the previous stage's final one): a fresh optimiser, and
-    the KL reference (if any) becomes these weights (the local policy's ``begin_stage``). Local backend (its
-    ``policy/state.pt``); NeMo-RL stages start from a converted checkpoint named in their recipe
-    (docs/DESIGN.md §8)."""
-    if not hasattr(policy, "begin_stage"):
-        raise UserError(f"init: previous needs the local backend's checkpoint format ({checkpoint}/policy); on "
-                        "NeMo-RL point the next stage's nemo.policy.model_name at Stage I's converted checkpoint")
-    try:
-        policy.begin_stage(checkpoint / "policy")
-    except FileNotFoundError as exc:
-        raise UserError(f"init: previous: {exc}") from None
-
-
 def run_pipeline(pipeline: Pipeline, overrides: Sequence[str] = (), stop_after: int | None = None) -> int:
     """Run (or resume) every stage in order (module docstring). Returns 0, also after a stop signal."""
+    from rise_nemo.loop.run import check_run
+
     configs = [stage_config(pipeline, stage, overrides) for stage in pipeline.stages]  # all checked first
+    for cfg in configs:  # and what every stage's method needs, before the first stage trains
+        check_run(cfg)
     created = not pipeline.dir.exists()
     pipeline.dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -237,7 +227,7 @@ def run_pipeline(pipeline: Pipeline, overrides: Sequence[str] = (), stop_after: 
 
 
 def _run_stages(pipeline: Pipeline, configs: Sequence[Any], stop_after: int | None) -> int:
-    from rise_nemo.orchestration.run import build_trainer
+    from rise_nemo.loop.run import build_trainer
 
     previous: Path | None = None
     previous_cfg: Any = None

@@ -1,6 +1,6 @@
 """RRL (Retrospective Replay RL) as hooks of the reasoning step (docs/DESIGN.md §9; paper Algorithm 1).
 
-``method: rrl`` is PPO (critic + GAE, rise_nemo.orchestration.reasoning_step) plus a per-problem buffer of
+``method: rrl`` is PPO (critic + GAE, rise_nemo.steps.reasoning) plus a per-problem buffer of
 promising states (core.replay). In one step:
 
   start states   every rollout, with probability p (Algorithm 1 line 4, ``ctx.rng``), continues the
@@ -43,10 +43,9 @@ from rise_nemo.core.replay import (
 )
 from rise_nemo.errors import UserError
 from rise_nemo.interfaces import Rollout
-from rise_nemo.methods import register_hooks
-from rise_nemo.orchestration.reasoning_step import ReasoningContext, StepHooks, batch_rollouts
-from rise_nemo.orchestration.step import TrainSample, build_batch
-from rise_nemo.orchestration.tokens import encode_response, find_tokenizer, token_texts
+from rise_nemo.methods.registry import REASONING
+from rise_nemo.steps.reasoning import ReasoningContext, StepHooks, batch_rollouts
+from rise_nemo.steps.rollouts import TrainSample, build_batch, encode_response, find_tokenizer, token_texts
 
 SOURCE_POLICY, SOURCE_CANONICAL = "policy", "canonical"
 log = logging.getLogger("rise_nemo.rrl")
@@ -58,7 +57,7 @@ def check_granularity(cfg: Any, problems: Sequence[Any]) -> None:
     ever be stored (a reference without cut points gives none, and the policy writes like the references): a
     one-line error naming the key instead of an RRL run that silently is PPO."""
     granularity, marker = str(cfg.rrl.granularity), str(cfg.rrl.step_marker)
-    refs = [str(getattr(p, "reference_solution", "") or "").strip() for p in problems]
+    refs = [str(p.reference_solution or "").strip() for p in problems]
     if granularity == "token" or not refs:
         return
     cuts = (lambda t: "\n" in t) if granularity == "line" else (lambda t: marker in t[1:])
@@ -76,14 +75,6 @@ def check_granularity(cfg: Any, problems: Sequence[Any]) -> None:
                     f"rrl.granularity={other} or token")
 
 
-def make_step_hooks(cfg: Any, method_name: str, n_train_problems: int) -> StepHooks:
-    """The reasoning step's hooks the method names (rise_nemo.methods ``Method.hooks``): RRL's replay for
-    ``rrl``, no-ops for the others."""
-    from rise_nemo.methods import get_method
-
-    return get_method(method_name).hooks_type()(cfg, n_train_problems)
-
-
 def reference_prefix_scores(judge: Any, problem: ReasoningProblem, segments: Sequence[str]) -> list[float]:
     """The reference judge's prefix score of each candidate state of one solution cut into ``segments`` at
     its cut points (state t keeps segments 1..t, t = 1..T-1), in [0, 1] (core.exprl.normalise_score, smooth):
@@ -98,9 +89,9 @@ def reference_prefix_scores(judge: Any, problem: ReasoningProblem, segments: Seq
     return [normalise_score(s) for s in scores[:-1]]
 
 
-@register_hooks("rrl")
+@REASONING.hooks.implement("rrl")
 class RRLHooks(StepHooks):
-    check_data = staticmethod(check_granularity)  # before any model is built (orchestration.run)
+    check_data = staticmethod(check_granularity)  # before any model is built (loop.run)
 
     def __init__(self, cfg: Any, n_train_problems: int):
         r = cfg.rrl
@@ -117,7 +108,7 @@ class RRLHooks(StepHooks):
         if self.scorer != "value":  # ExpRL's reference judge from the ``judge:`` block (default: the rule judge)
             from rise_nemo.judges.reference import build_reference_judge
 
-            judge_cfg = getattr(cfg, "judge", None)
+            judge_cfg = cfg.judge
             self.judge = build_reference_judge(judge_cfg if judge_cfg and judge_cfg.get("type") else {"type": "rule"})
         s = r.stabilise
         self.stabilisation = ValueStabilisation(window=int(s.window), tolerance=float(s.tolerance),
@@ -179,7 +170,7 @@ class RRLHooks(StepHooks):
             **{f"rrl/states_{k}": self.buffer.stats[k] - before[k] for k in ("added", "removed", "evicted", "dropped")},
             "rrl/buffer_size": len(self.buffer),
             "rrl/buffer_problems": len(self.buffer.states),
-            **({} if self.judge is None else {"rrl/judge_calls": int(getattr(self.judge, "calls", 0))}),
+            **({} if self.judge is None else {"rrl/judge_calls": int(self.judge.calls)}),
         }
 
     def _push_best(self, ctx: ReasoningContext, problem: ReasoningProblem, response_ids: Sequence[int],

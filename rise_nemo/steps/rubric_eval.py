@@ -13,7 +13,6 @@ Responses with an unknown verdict are excluded and counted (``unknown_excluded``
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,24 +22,12 @@ import torch
 from rise_nemo.core.metrics import criterion_coverage
 from rise_nemo.core.rewards import rubric_reward
 from rise_nemo.core.rubric import RubricPrompt
-from rise_nemo.interfaces import Generator, Judge, SamplingParams
-from rise_nemo.orchestration.step import STREAM_EVAL, derive_seed, judge_groups
+from rise_nemo.interfaces import Generator, Judge, JudgeRequest, Rollout, Verdict
+from rise_nemo.steps.rollouts import eval_sampling_params, flat_call, preserved_rng
 
 
 class EvaluationError(RuntimeError):
     """An evaluation produced no judged response at all (nothing is written)."""
-
-
-def eval_sampling_params(cfg: Any, step: int) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=int(cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens),
-        temperature=float(cfg.eval.temperature),
-        top_p=float(cfg.sampling.top_p if cfg.eval.top_p is None else cfg.eval.top_p),
-        # Seeded by the step: every method/checkpoint is evaluated on the same sampling stream. A stage that
-        # continues another one's weights continues its steps (eval.stream_offset, pipeline.py), so the same
-        # weights are evaluated on the same stream in both stages.
-        seed=derive_seed(int(cfg.run.seed), int(cfg.eval.get("stream_offset", 0) or 0) + step, STREAM_EVAL),
-    )
 
 
 def evaluate(
@@ -106,20 +93,15 @@ def _ratio(num: int, den: int) -> float | None:
     return num / den if den else None
 
 
-class preserved_rng:
-    """Context manager restoring Python, NumPy and torch RNG states on exit."""
-
-    def __enter__(self):
-        self._py = random.getstate()
-        self._np = np.random.get_state()
-        self._torch = torch.get_rng_state()
-        self._cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        return self
-
-    def __exit__(self, *exc):
-        random.setstate(self._py)
-        np.random.set_state(self._np)
-        torch.set_rng_state(self._torch)
-        if self._cuda is not None:
-            torch.cuda.set_rng_state_all(self._cuda)
-        return False
+def judge_groups(
+    judge: Judge, prompts: Sequence[RubricPrompt], groups: Sequence[Sequence[Rollout]]
+) -> list[list[list[Verdict]]]:
+    """One judge call for all responses; each request carries the ORIGINAL conversation, never a hint."""
+    requests = [[JudgeRequest(conversation=list(p.messages), response=r.response_text, rubric=p.rubric,
+                              prompt_id=p.prompt_id) for r in group] for p, group in zip(prompts, groups)]
+    out = [[list(v) for v in rows] for rows in flat_call(judge.judge, requests, "judge")]
+    for p, rows in zip(prompts, out):
+        for row in rows:
+            if len(row) != len(p.rubric):
+                raise RuntimeError(f"judge returned {len(row)} verdicts for prompt {p.prompt_id} with {len(p.rubric)} criteria")
+    return out

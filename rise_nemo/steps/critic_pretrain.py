@@ -1,11 +1,5 @@
-"""Whether the critic can rank states, and critic pre-training on the warm start's rollouts
-(docs/DESIGN.md §9.5).
-
-``prefix_value_auc``: where the task knows the truth of a partial solution (its step-accuracy checker: a
-prefix is "correct so far" when every step it writes is right), the AUC (core.metrics.ranking_auc) of the
-critic's value V(q; y_1..y_k) at the step cut points k (core.replay.state_boundaries) separating correct-so-far
-prefixes from already-wrong ones. RRL's argmax-V state selection is only as good as this ranking (0.5 =
-arbitrary cut points). Logged every step as ``critic/auc`` (metrics.jsonl) when the step has both kinds.
+"""Critic pre-training on the warm start's rollouts (docs/DESIGN.md §9.5); how well the critic ranks states is
+``critic/auc`` (rise_nemo.steps.reasoning.prefix_value_auc), reported before and after.
 
 ``pretrain_critic`` (``ppo.critic_pretrain_*``): before RL, sample ``critic_pretrain_rollouts`` completions
 per training problem from the warm-started policy, score them with the verifier (0/1), and fit the critic
@@ -25,41 +19,12 @@ from typing import Any
 
 import torch
 
-from rise_nemo.core.metrics import ranking_auc
-from rise_nemo.core.replay import state_boundaries
 from rise_nemo.core.value import make_value_loss, monte_carlo_returns, terminal_token_rewards
-from rise_nemo.orchestration.reasoning_step import batch_rollouts, rollout_batch, verify_rewards
-from rise_nemo.orchestration.step import STREAM_NATURAL, sampling_params
-from rise_nemo.orchestration.tokens import find_tokenizer, token_texts
+from rise_nemo.interfaces import TunableCritic
+from rise_nemo.steps.reasoning import prefix_value_auc, rollout_batch, verify_rewards
+from rise_nemo.steps.rollouts import STREAM_NATURAL, sampling_params
 
 STREAM_CRITIC_PRETRAIN = 7  # the pre-training rollouts' sampling stream (never a training step's)
-
-
-def prefix_value_auc(ctx: Any, problems: Sequence[Any], groups: Sequence[Sequence[Any]], valid: torch.Tensor,
-                     batch: dict[str, torch.Tensor], values: torch.Tensor) -> float | None:
-    """``critic/auc`` (module docstring) over the step cut points of every valid rollout's sampled part;
-    batch row b = the b-th valid rollout. None without a step-accuracy checker or when one class is empty."""
-    scores, labels = prefix_scores_and_labels(ctx, problems, groups, valid, batch, values)
-    return ranking_auc(scores, labels) if scores else None
-
-
-def prefix_scores_and_labels(ctx: Any, problems, groups, valid, batch, values) -> tuple[list[float], list[bool]]:
-    check = getattr(ctx, "step_accuracy", None)
-    if check is None:
-        return [], []
-    tok = find_tokenizer(ctx.generator)
-    marker = str(ctx.cfg.rrl.step_marker)
-    scores, labels = [], []
-    for row, (i, _, rollout) in enumerate(batch_rollouts(batch, groups, valid)):  # row b = valid rollout b
-        ids = list(rollout.response_token_ids)
-        prompt_len = int(batch["input_lengths"][row]) - len(ids)
-        for k in state_boundaries(token_texts(ctx.generator, ids), "step", marker):
-            if k <= rollout.given_token_count:
-                continue  # a replayed state's own cut points are not this rollout's states
-            correct, total = check(problems[i], tok.decode(ids[:k], skip_special_tokens=True))
-            scores.append(float(values[row, prompt_len + k]))
-            labels.append(0 < total == correct)  # a prefix without a readable step is not correct so far
-    return scores, labels
 
 
 def pretrain_critic(ctx: Any, problems: Sequence[Any], seed: int, progress: bool = False) -> dict[str, Any]:
@@ -70,10 +35,10 @@ def pretrain_critic(ctx: Any, problems: Sequence[Any], seed: int, progress: bool
     p = ctx.cfg.ppo
     updates, lr = int(p.critic_pretrain_updates), float(p.critic_pretrain_lr)
     size, per_problem = int(p.critic_pretrain_batch), int(p.critic_pretrain_rollouts)
-    optimizer = getattr(ctx.critic, "optimizer", None)
-    if optimizer is None:
+    if not isinstance(ctx.critic, TunableCritic):
         raise ValueError("config key 'ppo.critic_pretrain_updates': critic pre-training needs the local backend's "
                          "critic (an optimizer to set critic_pretrain_lr on)")
+    optimizer = ctx.critic.optimizer
     t0 = time.perf_counter()
     rng = random.Random(f"critic-pretrain-{seed}")
     order = list(range(len(problems)))

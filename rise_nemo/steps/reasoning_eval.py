@@ -23,6 +23,7 @@ from typing import Any
 from rise_nemo.core.metrics import pass_at_k
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.interfaces import Generator, SamplingParams, Verifier
+from rise_nemo.steps.rollouts import preserved_rng, verify_groups
 
 
 def k_values(n: int) -> list[int]:
@@ -44,18 +45,10 @@ def evaluate_reasoning(
     step_accuracy: Callable[[ReasoningProblem, str], tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
     """Sample, verify and summarise; see the module docstring. Global RNG states are left untouched."""
-    from rise_nemo.orchestration.evaluate import preserved_rng
-
     with preserved_rng():
         groups = generator.generate([list(p.messages) for p in problems], n, params)
-    flat_p = [p for p, g in zip(problems, groups) for _ in g]
-    flat_r = [r for g in groups for r in g]
-    verdicts = verifier.verify(flat_p, [r.response_text for r in flat_r])
     levels: dict[int, dict[str, Any]] = {}
-    pos = 0
-    for problem, group in zip(problems, groups):
-        verdict = verdicts[pos : pos + len(group)]
-        pos += len(group)
+    for problem, group, verdict in zip(problems, groups, verify_groups(verifier, problems, groups)):
         lv = levels.setdefault(int(problem.difficulty or 0), {"problems": 0, "correct": [], "n": [], "undecided": 0,
                                                                "tokens": 0, "responses": 0, "nll": 0.0,
                                                                "steps_ok": 0, "steps": 0})
@@ -126,3 +119,13 @@ def format_reasoning_eval(result: dict[str, Any]) -> str:
     if left_out:
         lines.append("problems left out of pass@k (fewer than k samples the verifier decided): " + "; ".join(left_out))
     return "\n".join(lines)
+
+
+def pooled_pass_at_k(result: dict[str, Any], levels: Sequence[int], k: int) -> float | None:
+    """pass@k of an ``evaluate_reasoning`` result pooled over ``levels`` (each level's mean weighted by its
+    number of problems); None when a level is missing or has no pass@k (fewer than k samples)."""
+    rows = [result["levels"].get(str(level)) for level in levels]
+    if not rows or any(r is None or r["pass_at_k"].get(str(k)) is None for r in rows):
+        return None
+    total = sum(r["problems"] for r in rows)
+    return sum(r["pass_at_k"][str(k)] * r["problems"] for r in rows) / total

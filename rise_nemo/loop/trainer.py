@@ -4,7 +4,8 @@ Run directory (docs/CONTRACTS.md)::
 
     .lock              held (flock) while a trainer runs here: a second trainer is refused (rundir.py)
     config.yaml        resolved recipe, secrets redacted; config_history/ keeps replaced versions
-    metrics.jsonl      one JSON object per step (see step.step_metrics for the keys) + judge/* counters
+    metrics.jsonl      one JSON object per step (the step's metrics: steps.rubric.step_metrics,
+                       steps.reasoning.reasoning_metrics) + judge/* counters
     samples.jsonl      a few rollouts per step: prompt, hinted?, response, verdicts, reward, advantage, kind
                        (reasoning methods: prompt, difficulty, response, given/sampled tokens, reward, advantage)
     train.log          human-readable log: start, resume (step, SLURM_RESTART_COUNT), evals, signals
@@ -33,23 +34,22 @@ from typing import Any
 import numpy as np
 import torch
 
-# The built-in training steps, scorers, advantage estimators, losses and hooks register themselves on import
-# (rise_nemo.methods); the trainer only asks the method for them.
-import rise_nemo.orchestration.exprl
-import rise_nemo.orchestration.reasoning_step
-import rise_nemo.orchestration.reward_model
-import rise_nemo.orchestration.rrl
-import rise_nemo.orchestration.step  # noqa: F401
+# The step kinds' steps and the scorers, advantage estimators and hooks they implement bind themselves to the
+# registry on import (rise_nemo.methods.registry); the trainer only asks the method for its step.
+import rise_nemo.steps.exprl
+import rise_nemo.steps.reasoning
+import rise_nemo.steps.reward_model
+import rise_nemo.steps.rrl
+import rise_nemo.steps.rubric
+import rise_nemo.steps.sft  # noqa: F401
 from rise_nemo.core.rubric import RubricPrompt
-from rise_nemo.interfaces import Critic, Generator, Judge, Policy, Verifier
-from rise_nemo.methods import RunParts, get_method
-from rise_nemo.orchestration import checkpoint as ckpt
-from rise_nemo.orchestration.data import PromptSampler
-from rise_nemo.orchestration.reasoning_step import REASONING_PROGRESS_KEYS  # noqa: F401 (re-exported)
-from rise_nemo.orchestration.rundir import RunDirLock, write_config
-from rise_nemo.orchestration.signals import StopFlag
-from rise_nemo.orchestration.step import PROGRESS_KEYS, make_schedule  # noqa: F401 (re-exported)
-from rise_nemo.orchestration.tokens import pad_id_of
+from rise_nemo.interfaces import CountingJudge, Critic, Generator, Judge, Policy, StatsJudge, Verifier
+from rise_nemo.loop import checkpoint as ckpt
+from rise_nemo.loop.data import PromptSampler
+from rise_nemo.loop.rundir import RunDirLock, write_config
+from rise_nemo.loop.signals import StopFlag
+from rise_nemo.methods.registry import Method, RunParts, get_method
+from rise_nemo.steps.rollouts import pad_id_of
 from rise_nemo.stopping import StopInterrupted
 
 log = logging.getLogger("rise_nemo.train")
@@ -87,14 +87,17 @@ class Trainer:
         verifier: Verifier | None = None,
         step_accuracy: Any = None,
         reward_model: Any = None,
+        method: Method | None = None,
     ):
         """``stop_after``: behave as if a stop signal arrived during that step (tests, bounded sessions).
         ``lock``: the run directory's lock if the caller already holds it (``build_trainer``); released at
         the end of ``run``. ``config_changes``: accepted differences from the run's earlier config (logged).
 
-        Methods scored by a verifier (rise_nemo.methods ``Method.verifier``) take ``verifier`` (``judge``: ExpRL's
-        reference judge or None), ``critic`` when the method trains one, and the task's ``step_accuracy``
-        checker for evaluation; ``reward_model`` (interfaces.RewardModel) when the recipe has a reward model."""
+        Methods on problems (``Method.data``) take ``verifier`` (``judge``: ExpRL's reference judge or None),
+        ``critic`` when the method trains one, and the task's ``step_accuracy`` checker for evaluation;
+        ``reward_model`` (interfaces.RewardModel) when the recipe has a reward model. ``method``: the recipe's
+        method as ``build_trainer`` resolved it (default: the registered method named ``cfg.method``); all of
+        them go to the method's step (``build_context``), which keeps what it uses."""
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir is not None else resolve_run_dir(cfg)
         self.policy, self.generator, self.judge = policy, generator, judge
@@ -102,11 +105,10 @@ class Trainer:
         self.steps = int(cfg.train.steps)
         self.sampler = PromptSampler(train_prompts, int(cfg.sampling.prompts_per_step), int(cfg.run.seed),
                                      bool(cfg.data.shuffle))
-        self.method = get_method(str(cfg.method))
-        self.critic, self.verifier, self.step_accuracy = critic, verifier, step_accuracy
-        self.reward_model = reward_model
+        self.method = method if method is not None else get_method(str(cfg.method))
+        self.critic = critic
         self._train_prompts = list(train_prompts)
-        # The method's registered training step builds its context (rise_nemo.methods.StepState): the step's
+        # The method's step builds its context (rise_nemo.methods.registry.StepState): the step's
         # inputs and the method's own checkpointed state (RISE's schedule and gate, RRL's replay buffer).
         self._step_kind = self.method.training_step()
         self.ctx = self._step_kind.build_context(self.method, RunParts(
@@ -182,7 +184,7 @@ class Trainer:
         """One training step. If a stop request makes a server it needs fail (StopInterrupted: on a Slurm
         requeue or preemption the judge servers are killed with the job), the step is abandoned and the
         state from before it is checkpointed: every server call of a step comes before its policy update
-        (step.py), so the policy still is the previous step's. Re-raises for ``run`` to stop."""
+        (rise_nemo.steps), so the policy still is the previous step's. Re-raises for ``run`` to stop."""
         before = self._resume_state()
         self.step += 1
         try:
@@ -304,11 +306,11 @@ class Trainer:
 
     def _pretrain_critic(self) -> None:
         """``ppo.critic_pretrain_updates`` > 0 on a fresh run (step 0): fit the critic to the warm start's
-        rollouts before step 1 (orchestration.critic_ranking); the result goes to critic_pretrain.json and
+        rollouts before step 1 (rise_nemo.steps.critic_pretrain); the result goes to critic_pretrain.json and
         the log. A resumed run's critic comes from its checkpoint, so nothing happens then."""
         if self.critic is None or self.step != 0 or int(self.cfg.ppo.critic_pretrain_updates) == 0:
             return
-        from rise_nemo.orchestration.critic_ranking import pretrain_critic
+        from rise_nemo.steps.critic_pretrain import pretrain_critic
 
         out = pretrain_critic(self.ctx, self._train_prompts, int(self.cfg.run.seed))
         (self.run_dir / "critic_pretrain.json").write_text(json.dumps(out, indent=1))
@@ -379,15 +381,13 @@ class Trainer:
 def judge_counters(judge: Any) -> dict[str, float]:
     """The judge's cumulative counters (calls, cache hits, retries, timeouts, failures, ...) as
     ``judge/<name>`` floats for metrics.jsonl; {} for a judge without counters."""
-    metrics = getattr(judge, "metrics", None)
-    if callable(metrics):
-        return dict(metrics())
-    stats = getattr(judge, "stats", None)
-    if stats is None:
-        return {}
-    from rise_nemo.judges.stats import stats_to_metrics
+    if isinstance(judge, CountingJudge):
+        return dict(judge.metrics())
+    if isinstance(judge, StatsJudge):
+        from rise_nemo.judges.stats import stats_to_metrics
 
-    return stats_to_metrics(stats)
+        return stats_to_metrics(judge.stats)
+    return {}
 
 
 def seed_everything(seed: int) -> None:

@@ -1,8 +1,8 @@
 """One training step of RISE-RL and of its baselines (docs/DESIGN.md §2), written against rise_nemo.interfaces.
 
 ``train_step`` reads top to bottom; every stage is a named function below it. Which method runs is
-configuration only (the method's switches in the registry, rise_nemo.methods; this step is registered as
-``rubric``):
+configuration only (the switches of the method's ``RubricMethod``, rise_nemo.methods.rise; this is the
+rubric step kind's step, rise_nemo.methods.registry.RUBRIC):
 
   rise       GRPO on natural rollouts + the decoupled guide loss on retained privileged rollouts (eq. 12)
   rubric_rl  GRPO only (guidance off)
@@ -39,7 +39,7 @@ from rise_nemo.core.guidance import (
     sentence_span,
     token_span_mask,
 )
-from rise_nemo.core.losses import ObjectiveConfig, overlong_penalty, policy_loss_fn
+from rise_nemo.core.losses import overlong_penalty
 from rise_nemo.core.metrics import finite_or_none
 from rise_nemo.core.prompts import (
     build_privileged_prompt,
@@ -53,23 +53,29 @@ from rise_nemo.core.schedule import GuidanceSchedule, reward_gap
 from rise_nemo.interfaces import (
     KIND_GUIDED,
     KIND_NATURAL,
+    FillsPrevLogprobs,
     Generator,
     Judge,
     JudgeRequest,
     Policy,
+    ResponseDecoder,
     Rollout,
-    SamplingParams,
+    SpanLocatingJudge,
     Verdict,
 )
-from rise_nemo.methods import Method, register_advantage, register_loss, register_scorer, register_step
-
-# Seed streams: each generate call in a step gets its own seed derived from (run seed, step, stream), so a
-# resumed run samples exactly what the uninterrupted run sampled.
-STREAM_NATURAL, STREAM_PRIVILEGED, STREAM_EVAL = 1, 2, 3
-
-
-def derive_seed(run_seed: int, step: int, stream: int) -> int:
-    return (run_seed * 1_000_003 + step * 7_919 + stream * 104_729) % (2**31 - 1)
+from rise_nemo.judges.checked import build_checked_judge
+from rise_nemo.methods.registry import RUBRIC, RubricMethod
+from rise_nemo.steps.rollouts import (
+    STREAM_NATURAL,
+    STREAM_PRIVILEGED,
+    TrainSample,
+    build_batch,
+    generate_each,
+    generate_groups,
+    recipe_policy_loss_fn,
+    sampling_params,
+)
+from rise_nemo.steps.rubric_eval import evaluate, judge_groups
 
 
 def make_schedule(cfg: Any) -> GuidanceSchedule:
@@ -110,9 +116,9 @@ class StepContext:
     policy: Policy
     generator: Generator
     judge: Judge
-    schedule: Any  # rise_nemo.core.schedule.GuidanceSchedule
+    schedule: GuidanceSchedule
     rng: random.Random  # template choice (eq. 6) and RuscaRL criterion subsets; checkpointed
-    method: Method  # its rubric switches: guidance, coupled, ruscarl, token_weighting (rise_nemo.methods)
+    method: RubricMethod  # its switches: guidance, coupled, ruscarl, token_weighting
     total_steps: int
     pad_id: int = 0
     samples_per_step: int = 0  # rollouts per kind recorded in ``last_samples`` (samples.jsonl); 0 = none
@@ -135,7 +141,7 @@ class StepContext:
         if self.previous is None and self.options.one_pass:
             self.previous = PreviousFailures()
 
-    # The trainer's view of the method's own state (rise_nemo.methods.StepState).
+    # The trainer's view of the method's own state (rise_nemo.methods.registry.StepState).
     def state_dict(self) -> dict[str, Any]:
         return {"schedule": self.schedule.state_dict(),
                 "gate": self.gate.state_dict() if self.gate is not None else None,  # adaptive guidance gating
@@ -150,9 +156,9 @@ class StepContext:
 
     def summary(self, step: int) -> dict[str, Any]:
         """The guidance switch, only if it happened (a fixed schedule past the last step is not reported)."""
-        switch_step = getattr(self.schedule, "switch_step", None)
+        switch_step = self.schedule.switch_step
         switched = self.method.guidance and switch_step is not None and step >= switch_step
-        return {"switch_reason": getattr(self.schedule, "switch_reason", None) if switched else None,
+        return {"switch_reason": self.schedule.switch_reason if switched else None,
                 "switch_step": switch_step if switched else None}
 
     def original_prompt_ids(self, prompt: RubricPrompt) -> list[int]:
@@ -176,21 +182,6 @@ class Scored:
         return float(self.rewards[self.valid].mean()) if bool(self.valid.any()) else None
 
 
-@dataclass
-class TrainSample:
-    prompt_ids: list[int]  # ORIGINAL prompt's tokens (guided and RuscaRL rows are spliced onto them)
-    response_ids: list[int]
-    kind: int
-    advantage: float
-    generation_logprobs: list[float]
-    # True only when the response was sampled under prompt_ids itself: only then may its sampler log-probs
-    # serve as the PPO reference (core.logprobs.ppo_reference_logprobs).
-    sampled_under_train_prompt: bool
-    source: tuple[bool, int, int] | None = None  # (privileged?, group row, index in group): samples.jsonl
-    loss_mask: list[int] | None = None  # per response token, 0 = excluded from the loss (masked penalised span)
-    given_tokens: int = 0  # leading response tokens that were given (a replayed state): context, not trained
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The step
 
@@ -205,8 +196,8 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
     early, first_visit = ctx.previous.plan([p.prompt_id for p in prompts]) if one_pass else ({}, [])
 
     natural, early_rollouts = sample_natural_and_hinted(ctx, prompts, early, step)  # [N][G], {i: [G']}
-    nat = ctx.method.scorer_fn()(ctx, prompts, natural)  # rewards/valid [N, G]
-    nat_adv = ctx.method.advantage_fn()(ctx, nat)  # eq. 1, [N, G]
+    nat = judge_and_score(ctx, prompts, natural)  # rewards/valid [N, G]
+    nat_adv = group_advantages(nat.rewards, eps=ctx.cfg.advantage.eps, valid=nat.valid)  # eq. 1, [N, G]
     t_natural = time.perf_counter()
 
     priv, targets, guide_gate_stats = None, [], {}
@@ -242,11 +233,9 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
             samples += guided
 
     if ctx.samples_per_step:
-        from rise_nemo.orchestration.samples import sample_records
-
         ctx.last_samples = sample_records(step, prompts, nat, priv, targets, samples, ctx.samples_per_step)
     batch = build_batch(samples, ctx.pad_id)
-    if not getattr(ctx.policy, "fills_prev_logprobs", False):  # only the loss reads them (the PPO ratio's pi_old)
+    if not (isinstance(ctx.policy, FillsPrevLogprobs) and ctx.policy.fills_prev_logprobs):  # only the loss reads them
         batch["prev_logprobs"] = ctx.policy.get_logprobs(batch)  # [B, T], the policy that sampled (no grad)
     train_metrics = ctx.policy.train(batch, step_loss_fn(ctx, lam))  # eq. 12, ONE call for both kinds
     t_train = time.perf_counter()
@@ -260,15 +249,6 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
 
 # ----------------------------------------------------------------------------------------------------------
 # Stages
-
-
-def sampling_params(cfg: Any, step: int, stream: int) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=int(cfg.sampling.max_new_tokens),
-        temperature=float(cfg.sampling.temperature),
-        top_p=float(cfg.sampling.top_p),
-        seed=derive_seed(int(cfg.run.seed), step, stream),
-    )
 
 
 def sample_natural_and_hinted(
@@ -287,20 +267,6 @@ def sample_natural_and_hinted(
     return groups[: len(prompts)], dict(zip(order, groups[len(prompts):]))
 
 
-def generate_groups(generator: Generator, requests: Sequence[tuple[list[dict], int]],
-                    params: SamplingParams) -> list[list[Rollout]]:
-    """ONE generate call for (conversation, n) requests whose n may differ: [len(requests)][n]."""
-    sizes = {n for _, n in requests}
-    if len(sizes) == 1:
-        return generator.generate([c for c, _ in requests], sizes.pop(), params)
-    flat = generator.generate([c for c, n in requests for _ in range(n)], 1, params)
-    out, pos = [], 0
-    for _, n in requests:
-        out.append([row[0] for row in flat[pos : pos + n]])
-        pos += n
-    return out
-
-
 def sample_natural(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> list[list[Rollout]]:
     """G rollouts per prompt under the original conversation (RuscaRL: under per-sample scaffolds)."""
     g = int(ctx.cfg.sampling.group_size)
@@ -308,19 +274,16 @@ def sample_natural(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int)
     if not ctx.method.ruscarl:
         return ctx.generator.generate([list(p.messages) for p in prompts], g, params)
     progress = (step - 1) / max(1, ctx.total_steps)  # x in [0, 1): training progress of phi(x)
-    scaffolds = []
+    scaffolds = []  # [N][G]: each sample under its own scaffold
     for p in prompts:
         criteria = list(p.rubric.criteria)
-        for i in range(g):
-            n_shown = ruscarl_num_scaffold(
-                len(criteria), i, g, progress, alpha=float(ctx.cfg.ruscarl.alpha), t0=float(ctx.cfg.ruscarl.t0)
-            )
-            scaffolds.append(build_ruscarl_prompt(list(p.messages), criteria, ctx.rng, num=n_shown))
-    flat = ctx.generator.generate(scaffolds, 1, params)  # [N*G][1]
-    return [[flat[n * g + i][0] for i in range(g)] for n in range(len(prompts))]
+        scaffolds.append([build_ruscarl_prompt(list(p.messages), criteria, ctx.rng, num=ruscarl_num_scaffold(
+            len(criteria), i, g, progress, alpha=float(ctx.cfg.ruscarl.alpha), t0=float(ctx.cfg.ruscarl.t0)))
+            for i in range(g)])
+    return generate_each(ctx.generator, scaffolds, params)
 
 
-@register_scorer("rubric_judge")
+@RUBRIC.scorers.implement("rubric_judge")
 def judge_and_score(
     ctx: StepContext, prompts: Sequence[RubricPrompt], groups: Sequence[Sequence[Rollout]]
 ) -> Scored:
@@ -343,36 +306,6 @@ def judge_and_score(
                                    float(ctx.cfg.reward.overlong_factor))
             rewards[i, : len(group)] += torch.where(valid[i, : len(group)], pen, torch.zeros_like(pen))
     return Scored(list(map(list, groups)), verdicts, rewards, valid)
-
-
-@register_advantage("rubric")
-def rubric_group_advantages(ctx: StepContext, scored: Scored) -> torch.Tensor:
-    """Eq. 1 over each prompt's natural group, [N, G] (the rubric step's estimator; coupled_samples re-derives
-    the coupled groups' from it)."""
-    return group_advantages(scored.rewards, eps=ctx.cfg.advantage.eps, valid=scored.valid)
-
-
-def judge_groups(
-    judge: Judge, prompts: Sequence[RubricPrompt], groups: Sequence[Sequence[Rollout]]
-) -> list[list[list[Verdict]]]:
-    """One judge call for all responses; each request carries the ORIGINAL conversation, never a hint."""
-    requests = [
-        JudgeRequest(conversation=list(p.messages), response=r.response_text, rubric=p.rubric, prompt_id=p.prompt_id)
-        for p, group in zip(prompts, groups)
-        for r in group
-    ]
-    flat = judge.judge(requests) if requests else []
-    if len(flat) != len(requests):
-        raise RuntimeError(f"judge returned {len(flat)} verdict lists for {len(requests)} requests")
-    out, pos = [], 0
-    for p, group in zip(prompts, groups):
-        rows = [list(v) for v in flat[pos : pos + len(group)]]
-        for row in rows:
-            if len(row) != len(p.rubric):
-                raise RuntimeError(f"judge returned {len(row)} verdicts for prompt {p.prompt_id} with {len(p.rubric)} criteria")
-        out.append(rows)
-        pos += len(group)
-    return out
 
 
 def feedback_indices(
@@ -570,9 +503,9 @@ def penalised_span_masks(
     whose text was located and masked).
     """
     excused = torch.zeros_like(priv_z)
-    locate = getattr(ctx.judge, "locate_spans", None)
-    decode = getattr(ctx.generator, "decode_response", None)
-    if not ctx.options.mask_penalised_spans or locate is None or decode is None:
+    judge, generator = ctx.judge, ctx.generator
+    if not (ctx.options.mask_penalised_spans and isinstance(judge, SpanLocatingJudge)
+            and isinstance(generator, ResponseDecoder)):
         return {}, excused
     negative = [k for k, c in enumerate(prompt.rubric.criteria) if c.is_negative]
     masks: dict[int, list[int]] = {}
@@ -584,7 +517,7 @@ def penalised_span_masks(
         for k in negative:
             if not bool(priv_z[j, k]):
                 continue
-            found = locate(request, k)
+            found = judge.locate_spans(request, k)
             if ctx.options.span_unit == "sentence":
                 found = [sentence_span(r.response_text, a, b) for a, b in found]
             if found:
@@ -592,7 +525,7 @@ def penalised_span_masks(
                 spans += found
         if spans:
             ids = list(r.response_token_ids)
-            masks[j] = token_span_mask(len(ids), lambda n, ids=ids: len(decode(ids[:n])), spans)
+            masks[j] = token_span_mask(len(ids), lambda n, ids=ids: len(generator.decode_response(ids[:n])), spans)
     return masks, excused
 
 
@@ -619,59 +552,10 @@ def coupled_samples(
     return samples, {"guidance/retained": int(priv.valid.sum()), "guidance/retained_frac": 1.0}
 
 
-def build_batch(samples: Sequence[TrainSample], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Right-padded training batch (rise_nemo.interfaces conventions) with the global count columns."""
-    if not samples:
-        raise RuntimeError("no trainable sample in this step (every verdict unknown?)")
-    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
-    b, t = len(samples), max(lengths)
-    input_ids = torch.full((b, t), pad_id, dtype=torch.long)  # [B, T]
-    token_mask = torch.zeros(b, t)  # [B, T], 1 on response tokens
-    gen_lp = torch.zeros(b, t)  # [B, T]
-    for row, s in enumerate(samples):
-        p, r = len(s.prompt_ids), len(s.response_ids)
-        input_ids[row, : p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
-        if s.loss_mask is not None:
-            token_mask[row, p : p + r] = torch.tensor(s.loss_mask[:r], dtype=torch.float32)
-        else:
-            token_mask[row, p : p + r] = 1.0
-        token_mask[row, p : p + min(s.given_tokens, r)] = 0.0  # a given prefix is context only
-        gen_lp[row, p : p + r] = torch.tensor(s.generation_logprobs[:r] + [0.0] * (r - len(s.generation_logprobs)))
-    kind = torch.tensor([s.kind for s in samples], dtype=torch.long)  # [B]
-    natural_tokens = float(token_mask[kind == KIND_NATURAL].sum())
-    guided_seqs = float((kind == KIND_GUIDED).sum())
-    return {
-        "input_ids": input_ids,
-        "input_lengths": torch.tensor(lengths, dtype=torch.long),
-        "token_mask": token_mask,
-        "sample_mask": torch.ones(b),
-        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),
-        "kind": kind,
-        "generation_logprobs": gen_lp,
-        "sampled_under_train_prompt": torch.tensor([float(s.sampled_under_train_prompt) for s in samples]),
-        "natural_token_count": torch.full((b,), natural_tokens),
-        "guided_seq_count": torch.full((b,), guided_seqs),
-    }
-
-
 def step_loss_fn(ctx: StepContext, lam: float):
-    """This step's loss: the method's registered loss factory with this step's lambda_guide (eq. 12); a picklable
-    partial (NeMo-RL ships the loss to its workers)."""
-    return ctx.method.loss_factory()(ctx.cfg, lam, ctx.method.token_weighting)
-
-
-@register_loss("policy_gradient")
-def recipe_policy_loss_fn(cfg: Any, lam: float = 0.0, token_weighting: str = "policy_support"):
-    """The loss factory ``policy_gradient``: core.losses.policy_loss_fn with the recipe's ``policy_loss:`` and
-    ``rise:`` settings: eq. 12 with ``lam``; with lam 0 and per-token advantages, PPO's clipped surrogate. It says
-    whether it needs reference log-probs (KL > 0)."""
-    g = cfg.policy_loss
-    objective = ObjectiveConfig(
-        clip_low=float(g.clip_low), clip_high=float(g.clip_high), kl_coef=float(g.kl_coef),
-        entropy_coef=float(g.entropy_coef), lambda_guide=lam, gamma=float(cfg.rise.gamma),
-        a_max=float(cfg.rise.a_max), token_weighting=token_weighting,
-    )
-    return policy_loss_fn(objective)
+    """This step's loss: eq. 12 with this step's lambda_guide and the method's guide-loss token weights; a
+    picklable partial (NeMo-RL ships the loss to its workers)."""
+    return recipe_policy_loss_fn(ctx.cfg, lam, ctx.method.token_weighting)
 
 
 def guidance_delta(nat: Scored, priv: Scored | None, targets: list[int]) -> float | None:
@@ -706,7 +590,7 @@ def step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_
     metrics.update({k: finite_or_none(float(v)) for k, v in train_metrics.items()})
     if ctx.method.guidance:  # only once guidance has actually been removed (never for a run that did not switch)
         switched = not bool(ctx.schedule.active)
-        metrics["guidance/switch_reason"] = getattr(ctx.schedule, "switch_reason", None) if switched else None
+        metrics["guidance/switch_reason"] = ctx.schedule.switch_reason if switched else None
     metrics["time/step_s"] = t_end - t_start
     metrics["time/natural_s"] = t_natural - t_start
     metrics["time/privileged_s"] = t_priv - t_natural
@@ -715,33 +599,89 @@ def step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The training step of the rubric methods (rise_nemo.methods.register_step)
+# The step object of the rubric step kind (rise_nemo.methods.registry.RUBRIC)
 
 PROGRESS_KEYS = (("reward/natural_mean", "r_nat"), ("reward/privileged_mean", "r_priv"),
                  ("guidance/delta_r", "dr"), ("guidance/lambda", "lam"), ("guidance/retained", "kept"))
 
 
-@register_step("rubric")
+@RUBRIC.implement_step
 class RubricStep:
-    """Rubric-judged GRPO with RISE-RL's guidance (train_step); evaluation without guidance (evaluate.py)."""
+    """Rubric-judged GRPO with RISE-RL's guidance (train_step); evaluation without guidance (rubric_eval.py)."""
 
     train_step = staticmethod(train_step)
 
     @staticmethod
-    def build_context(method: Method, run: Any) -> StepContext:
+    def check(method: RubricMethod, cfg: Any) -> None:
+        return None  # the judge block is checked by build_judge
+
+    @staticmethod
+    def check_data(method: RubricMethod, cfg: Any, train_prompts: Sequence[RubricPrompt]) -> None:
+        return None
+
+    @staticmethod
+    def build_judge(method: RubricMethod, cfg: Any) -> Judge:
+        """The rubric judge of the ``judge:`` block, checked (and HTTP judges probed) before any model is built."""
+        return build_checked_judge(cfg.judge)
+
+    @staticmethod
+    def build_parts(method: RubricMethod, cfg: Any, policy: Any, checkpoint: Any) -> dict[str, Any]:
+        return {}  # the judge scores; no verifier, critic or reward model
+
+    @staticmethod
+    def build_context(method: RubricMethod, run: Any) -> StepContext:
         return StepContext(cfg=run.cfg, policy=run.policy, generator=run.generator, judge=run.judge,
                            schedule=make_schedule(run.cfg), rng=run.rng, method=method, total_steps=run.total_steps,
                            pad_id=run.pad_id, samples_per_step=run.samples_per_step)
 
     @staticmethod
-    def progress_keys(method: Method) -> tuple[tuple[str, str], ...]:
+    def progress_keys(method: RubricMethod) -> tuple[tuple[str, str], ...]:
         return PROGRESS_KEYS
 
     @staticmethod
     def evaluate(ctx: StepContext, eval_prompts: Sequence[RubricPrompt], step: int) -> tuple[dict[str, Any], dict]:
-        """Guidance-free evaluation (rise_nemo.orchestration.evaluate): (result, fields to log)."""
-        from rise_nemo.orchestration.evaluate import evaluate
-
+        """Guidance-free evaluation (rise_nemo.steps.rubric_eval): (result, fields to log)."""
         result = evaluate(ctx.cfg, ctx.generator, ctx.judge, eval_prompts, step)
         return result, {"reward": result["reward_mean"], "persistent coverage": result["persistent_coverage"],
                         "negative rate": result["negative_rate"]}
+
+
+def _verdict(v: Any) -> bool | None:
+    return None if v is None else bool(v)
+
+
+def sample_records(step: int, prompts: Sequence[Any], nat: Any, priv: Any, targets: Sequence[int],
+                   samples: Sequence[Any], cap: int) -> list[dict[str, Any]]:
+    """What the step trained on, for ``samples.jsonl`` (like TRL's completion logging): per recorded rollout the
+    step, prompt id, whether it was sampled under a hint (privileged, eq. 6), the response, its per-criterion
+    verdicts on the ORIGINAL rubric, reward (eq. 3), the advantage it was trained with (eq. 1 natural, A_ref of
+    eq. 7 guided; null when it was not trained on: an unknown verdict, or a privileged response with A_ref <= 0,
+    eq. 8) and its kind (0 natural, 1 guided). At most ``cap`` natural and ``cap`` privileged rollouts per step
+    (the first prompts of the batch, in order), so the file stays small on long runs (``train.log_samples``)."""
+    trained = {s.source: s for s in samples if s.source is not None}
+    records: list[dict[str, Any]] = []
+
+    def add(scored: Any, privileged: bool, rows: Sequence[tuple[int, int]]) -> None:
+        n = 0
+        for row, prompt_index in rows:
+            for j, rollout in enumerate(scored.rollouts[row]):
+                if n >= cap:
+                    return
+                sample = trained.get((privileged, row, j))
+                valid = bool(scored.valid[row, j])
+                records.append({
+                    "step": step,
+                    "prompt_id": prompts[prompt_index].prompt_id,
+                    "hinted": privileged,
+                    "response": rollout.response_text,
+                    "verdicts": [_verdict(v) for v in scored.verdicts[row][j]],
+                    "reward": float(scored.rewards[row, j]) if valid else None,
+                    "advantage": None if sample is None else float(sample.advantage),
+                    "kind": None if sample is None else int(sample.kind),
+                })
+                n += 1
+
+    add(nat, False, [(i, i) for i in range(len(prompts))])
+    if priv is not None:
+        add(priv, True, list(enumerate(targets)))
+    return records

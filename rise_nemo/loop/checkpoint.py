@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from rise_nemo.interfaces import CheckpointLayout, Critic, Policy
+from rise_nemo.errors import UserError
+from rise_nemo.interfaces import CheckpointLayout, Critic, Policy, StagedPolicy
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -172,8 +173,6 @@ def resolve_checkpoint(run_dir: Path, name: str | None, layout: CheckpointLayout
     ``checkpoints/``: ``step_000010``, ``step_10``, ``10``; an OPD run's ``nemo_rl_checkpoints/``:
     ``step_10``, ``10``); None = the latest complete one, the one a resume starts from. An unknown name is
     a ``UserError`` listing what exists."""
-    from rise_nemo.errors import UserError
-
     layout = layout or RISE_NEMO_LAYOUT
     if name is None:
         return layout.latest(run_dir)
@@ -189,3 +188,17 @@ def resolve_checkpoint(run_dir: Path, name: str | None, layout: CheckpointLayout
         raise UserError(f"--checkpoint {name}: no complete checkpoint at {candidate} (complete checkpoints "
                         f"in {run_dir / layout.root}: {known})")
     return candidate
+
+
+def init_policy_from(policy: Any, checkpoint: Path) -> None:
+    """Load only the policy weights of ``checkpoint`` (the previous stage's final one): a fresh optimiser, and
+    the KL reference (if any) becomes these weights (the local policy's ``begin_stage``). Local backend (its
+    ``policy/state.pt``); NeMo-RL stages start from a converted checkpoint named in their recipe
+    (docs/DESIGN.md §8)."""
+    if not isinstance(policy, StagedPolicy):
+        raise UserError(f"init: previous needs the local backend's checkpoint format ({checkpoint}/policy); on "
+                        "NeMo-RL point the next stage's nemo.policy.model_name at Stage I's converted checkpoint")
+    try:
+        policy.begin_stage(checkpoint / "policy")
+    except FileNotFoundError as exc:
+        raise UserError(f"init: previous: {exc}") from None

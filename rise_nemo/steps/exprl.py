@@ -1,4 +1,5 @@
-"""ExpRL's Stage I scoring and its baselines, as hooks of the reasoning step (docs/DESIGN.md §8).
+"""ExpRL's Stage I scoring and the self-distillation baseline, as registered pieces of the reasoning step
+(docs/DESIGN.md §8; the SFT baseline is rise_nemo.steps.sft).
 
   exprl_outcome       reference judge grades the whole rollout 1-5 -> normalised reward -> GRPO group
                       advantages (unknown -> excluded from the group's statistics; truncated -> judged
@@ -9,7 +10,6 @@
   self_distillation   the same policy with the reference in its context is the teacher on the student's
                       own samples: per-token advantage log pi(y_t | x, ref, y_<t) - log pi(y_t | x, y_<t)
                       (on-policy distillation, the reverse-KL reward), trained by the same clipped PG loss
-  sft                 teacher-forced NLL of the reference solutions under the plain prompt (no sampling)
 
 The policy always samples from ``problem.messages`` (the plain problem); only the judge and the
 self-distillation teacher are given the reference.
@@ -18,7 +18,6 @@ self-distillation teacher are given the reference.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,25 +26,9 @@ from rise_nemo.core.exprl import normalise_score, segment_token_spans, token_pro
 from rise_nemo.core.problem import ReasoningProblem
 from rise_nemo.interfaces import Rollout
 from rise_nemo.judges.reference import ScoreRequest
-from rise_nemo.methods import register_scorer
-from rise_nemo.orchestration.tokens import encode_response, find_tokenizer
-
-
-@dataclass
-class StepScores:
-    """What a reasoning step's scoring hook returns. rewards, valid: [N, G]; token_advantages: per (i, j)
-    of a valid rollout, advantages aligned with its ``response_token_ids`` (per-token methods only)."""
-
-    rewards: torch.Tensor
-    valid: torch.Tensor
-    token_advantages: dict[tuple[int, int], torch.Tensor] | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)
-    # [N, G] bool: which rollouts solved their problem (RRL's "correct", Algorithm 1 lines 9 and 14); None =
-    # reward > 0.5, i.e. the 0/1 verifier's verdict. The reward-model scorer sets it (beats the reference reply).
-    solved: torch.Tensor | None = None
-
-    def solved_mask(self) -> torch.Tensor:
-        return self.solved if self.solved is not None else self.rewards > 0.5
+from rise_nemo.methods.registry import REASONING
+from rise_nemo.steps.reasoning import ReasoningContext, StepScores, place_token_advantages
+from rise_nemo.steps.rollouts import TrainSample, build_batch, find_tokenizer
 
 
 def rollout_segments(tokenizer: Any, rollout: Rollout, marker: str) -> tuple[list[tuple[int, int]], list[str]]:
@@ -58,14 +41,14 @@ def rollout_segments(tokenizer: Any, rollout: Rollout, marker: str) -> tuple[lis
     return spans, texts
 
 
-@register_scorer("reference_outcome")
+@REASONING.scorers.implement("reference_outcome")
 def reference_outcome_scores(ctx: Any, problems: Sequence[ReasoningProblem],
                              groups: Sequence[Sequence[Rollout]]) -> StepScores:
     """ExpRL-Outcome: the reference judge's normalised score of each whole rollout."""
     return reference_scores(ctx, problems, groups, process=False)
 
 
-@register_scorer("reference_process")
+@REASONING.scorers.implement("reference_process")
 def reference_process_scores(ctx: Any, problems: Sequence[ReasoningProblem],
                              groups: Sequence[Sequence[Rollout]]) -> StepScores:
     """ExpRL-Process: the reference judge's per-segment scores and the segment token advantages."""
@@ -141,8 +124,6 @@ def self_distillation_advantages(ctx: Any, problems: Sequence[ReasoningProblem],
                                  batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Per-token advantages [B, T] log pi_teacher(y_t) - prev log pi_student(y_t) on the batch's response tokens,
     the teacher being the current policy with the reference in context (no gradient through it)."""
-    from rise_nemo.orchestration.step import TrainSample, build_batch
-
     intro = str(ctx.cfg.exprl.teacher_intro)
     rows = [(problems[i], r) for i, g in enumerate(groups) for j, r in enumerate(g) if bool(valid[i, j])]
     teacher = build_batch([TrainSample(ctx.generator.encode_prompt(teacher_messages(p, intro)),
@@ -160,15 +141,23 @@ def self_distillation_advantages(ctx: Any, problems: Sequence[ReasoningProblem],
     return out
 
 
-def sft_reference_batch(ctx: Any, problems: Sequence[ReasoningProblem]) -> dict[str, torch.Tensor]:
-    """Reference solutions teacher-forced under the plain prompts (the SFT baseline's batch)."""
-    from rise_nemo.orchestration.step import TrainSample, build_batch
+@REASONING.advantages.implement("segment")
+def segment_advantage_columns(ctx: ReasoningContext, problems, groups, scored: StepScores,
+                              batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """ExpRL-Process: the scorer's per-token segment advantages, no group normalisation."""
+    if scored.token_advantages is None:
+        raise ValueError(f"method {ctx.method.name!r}: advantage 'segment' needs a scorer that gives per-token "
+                         f"advantages; scorer {ctx.scorer.name!r} gives none")
+    batch["token_advantages"] = place_token_advantages(batch, groups, scored.valid, scored.token_advantages)
+    batch["advantages"] = torch.zeros(batch["token_mask"].shape[0])
+    return {}
 
-    samples = []
-    for p in problems:
-        ids = encode_response(ctx.generator, p.reference_solution)
-        samples.append(TrainSample(ctx.generator.encode_prompt(list(p.messages)), ids, 0, 0.0, [],
-                                   sampled_under_train_prompt=False))
-    batch = build_batch(samples, ctx.pad_id)
-    batch["global_tokens"] = batch["natural_token_count"]
-    return batch
+
+@REASONING.advantages.implement("self_distillation")
+def self_distillation_advantage_columns(ctx: ReasoningContext, problems, groups, scored: StepScores,
+                                        batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """On-policy self-distillation: the reference-in-context teacher's per-token advantages."""
+    batch["token_advantages"] = self_distillation_advantages(ctx, problems, groups, scored.valid, batch)
+    batch["advantages"] = torch.zeros(batch["token_mask"].shape[0])
+    mask = batch["token_mask"].bool()
+    return {"distill/reverse_kl": float(-batch["token_advantages"][mask].mean()) if bool(mask.any()) else None}

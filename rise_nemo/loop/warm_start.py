@@ -28,8 +28,8 @@ def warm_started_backend(cfg: Any, progress: bool = False) -> tuple[Any, Any, An
     """(policy, generator, warm-start stats) of a recipe: global RNGs seeded by ``run.seed``, a fresh
     backend, then the warm start (``data.warm_start``, cached under ``data.warm_start_cache``)."""
     from rise_nemo.backends import build_backend
-    from rise_nemo.orchestration.data import warm_start_policy
-    from rise_nemo.orchestration.trainer import seed_everything
+    from rise_nemo.loop.data import warm_start_policy
+    from rise_nemo.loop.trainer import seed_everything
 
     seed_everything(int(cfg.run.seed))
     policy, generator = build_backend(cfg)
@@ -43,11 +43,11 @@ def evaluate_heldout(cfg: Any, generator: Any, problems: Sequence[Any], n: int |
     samples each (default ``eval.samples_per_prompt``) on the evaluation stream of ``step`` (the sampling
     parameters the trainer's evaluation at that step uses, so a warm start measured here at step 0 is the
     trainer's step-0 evaluation)."""
-    from rise_nemo.orchestration.data import reasoning_tools
-    from rise_nemo.orchestration.evaluate import eval_sampling_params
-    from rise_nemo.orchestration.reasoning_eval import evaluate_reasoning
+    from rise_nemo.steps.reasoning_eval import evaluate_reasoning
+    from rise_nemo.steps.rollouts import eval_sampling_params
+    from rise_nemo.steps.verifiers import build_verifier
 
-    verifier, step_accuracy = reasoning_tools(cfg)
+    verifier, step_accuracy = build_verifier(cfg)
     n = int(cfg.eval.samples_per_prompt) if n is None else int(n)
     return evaluate_reasoning(generator, verifier, problems, n, eval_sampling_params(cfg, step), step,
                               step_accuracy=step_accuracy)
@@ -91,11 +91,3 @@ def format_warm_start_properties(props: dict[str, Any]) -> str:
             + (" -> all met" if props["all_met"] else " -> NOT all met"))
 
 
-def pooled_pass_at_k(result: dict[str, Any], levels: Sequence[int], k: int) -> float | None:
-    """pass@k of an ``evaluate_reasoning`` result pooled over ``levels`` (each level's mean weighted by its
-    number of problems); None when a level is missing or has no pass@k (fewer than k samples)."""
-    rows = [result["levels"].get(str(level)) for level in levels]
-    if not rows or any(r is None or r["pass_at_k"].get(str(k)) is None for r in rows):
-        return None
-    total = sum(r["problems"] for r in rows)
-    return sum(r["pass_at_k"][str(k)] * r["problems"] for r in rows) / total

@@ -1,7 +1,7 @@
-"""Report plots and Markdown for reasoning runs (evaluations of rise_nemo.orchestration.reasoning_eval).
+"""Report plots and Markdown for reasoning runs (evaluations of rise_nemo.steps.reasoning_eval).
 
 One colour per *track*: a run, or the stages of a pipeline (ExpRL's Stage I then Stage II,
-rise_nemo.orchestration.pipeline) on one timeline: a later stage's steps follow the earlier stages' and
+rise_nemo.loop.pipeline) on one timeline: a later stage's steps follow the earlier stages' and
 each stage boundary is a grey dash-dot line on every plot over steps. Step axes have integer ticks; every
 legend sits below the axes with one entry per track plus the line styles.
 
@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rise_nemo.reports.runs import series, write_plots
 
 MAX_LEVEL_PANELS = 4
 BOUNDARY = {"color": "0.35", "linestyle": "-.", "linewidth": 1.0}  # a pipeline's stage boundary
@@ -101,44 +103,56 @@ def _snapshots(track: Track) -> list[tuple[dict[str, Any], str]]:
 
 def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
     """The reasoning report's matplotlib figures by file name (not yet saved); module docstring."""
-    import matplotlib
+    return ReasoningFigures(runs).build()
 
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
+
+def key_line(label: str, **style: Any) -> Any:
+    """A legend entry: a line style (dark grey unless a colour is given) and what it stands for."""
     from matplotlib.lines import Line2D
-    from matplotlib.ticker import MaxNLocator, NullLocator, ScalarFormatter
 
-    from rise_nemo.methods import METHODS
-    from rise_nemo.orchestration.reasoning_warm_start import pooled_pass_at_k
-    from rise_nemo.orchestration.report import _series
+    return Line2D([], [], label=label, **{"color": "0.2", **style})
 
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    tracks = make_tracks(runs)
-    color = {id(t): colors[i % len(colors)] for i, t in enumerate(tracks)}
-    on_axes: dict[Any, list[Track]] = {}  # the tracks drawn on each axes
-    figures: dict[str, Any] = {}
 
-    def draw(ax, track: Track, xs, ys, *fmt, **kw) -> None:
-        ax.plot(xs, ys, *fmt, color=color[id(track)], **kw)
-        if all(t is not track for t in on_axes.setdefault(ax, [])):
-            on_axes[ax].append(track)
+def legend_below(fig: Any, handles: list[Any]) -> None:
+    """One legend per figure, outside (below) the axes, whatever the number of runs."""
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(3, len(handles)), fontsize=7, frameon=False)
 
-    def key_line(label: str, **style) -> Line2D:
-        """A legend entry: a line style (dark grey unless a colour is given) and what it stands for."""
-        return Line2D([], [], label=label, **{"color": "0.2", **style})
 
-    def legend_below(fig, handles: list[Line2D]) -> None:
-        """One legend per figure, outside (below) the axes, whatever the number of runs."""
-        if handles:
-            fig.legend(handles=handles, loc="outside lower center", ncol=min(3, len(handles)), fontsize=7,
-                       frameon=False)
+class ReasoningFigures:
+    """The figures of one reasoning report: one colour per track, the tracks drawn on each axes remembered for
+    the legends and the pipelines' stage boundaries."""
 
-    def step_axes(axes) -> list[Line2D]:
+    def __init__(self, runs: Sequence[Any]):
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no display
+        import matplotlib.pyplot as plt
+
+        self.plt, self.runs = plt, list(runs)
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        self.tracks = make_tracks(runs)
+        self.color = {id(t): colors[i % len(colors)] for i, t in enumerate(self.tracks)}
+        self.on_axes: dict[Any, list[Track]] = {}  # the tracks drawn on each axes
+
+    def build(self) -> dict[str, Any]:
+        figures = {"pass_at_k.png": self.pass_at_k(), "pass_vs_step.png": self.pass_vs_step(),
+                   "reasoning_train.png": self.training(), "rrl.png": self.rrl()}
+        return {name: fig for name, fig in figures.items() if fig is not None}
+
+    def draw(self, ax: Any, track: Track, xs: Any, ys: Any, *fmt: Any, **kw: Any) -> None:
+        ax.plot(xs, ys, *fmt, color=self.color[id(track)], **kw)
+        if all(t is not track for t in self.on_axes.setdefault(ax, [])):
+            self.on_axes[ax].append(track)
+
+    def step_axes(self, axes: Any) -> list[Any]:
         """Integer step ticks; the stage boundaries of the pipelines drawn on each axes. Returns the
         boundaries' legend entry (none when no pipeline is drawn)."""
+        from matplotlib.ticker import MaxNLocator
+
         names: set[str] = set()
         for ax in axes:
-            bounds = {x: name for t in on_axes.get(ax, []) for x, name in t.boundaries()}
+            bounds = {x: name for t in self.on_axes.get(ax, []) for x, name in t.boundaries()}
             ax.set_xlabel("step (pipeline stages in order)" if bounds else "step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
@@ -147,28 +161,33 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
             names.update(bounds.values())
         return [key_line(f"stage boundary ({', '.join(sorted(names))} starts)", **BOUNDARY)] if names else []
 
-    def track_handles(axes, suffix=lambda t: "") -> list[Line2D]:
+    def track_handles(self, axes: Any, suffix: Any = lambda t: "") -> list[Any]:
         """One legend entry per track drawn on ``axes``, in track order."""
-        drawn = {id(t) for ax in axes for t in on_axes.get(ax, [])}
-        return [key_line(t.label + suffix(t), color=color[id(t)], linewidth=2) for t in tracks if id(t) in drawn]
+        drawn = {id(t) for ax in axes for t in self.on_axes.get(ax, [])}
+        return [key_line(t.label + suffix(t), color=self.color[id(t)], linewidth=2) for t in self.tracks
+                if id(t) in drawn]
 
-    # 1. pass@k vs k per shown level: before / after each earlier stage / after.
-    levels = _shown_levels(runs)
-    if levels:
-        fig, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels) + 0.4, 4.2), squeeze=False,
-                                 layout="constrained")
+    def pass_at_k(self) -> Any:
+        """pass@k vs k per shown level: before / after each earlier stage / after (None: no level)."""
+        from matplotlib.ticker import NullLocator, ScalarFormatter
+
+        levels = _shown_levels(self.runs)
+        if not levels:
+            return None
+        fig, axes = self.plt.subplots(1, len(levels), figsize=(3.2 * len(levels) + 0.4, 4.2), squeeze=False,
+                                      layout="constrained")
         used: set[str] = set()
         for ax, level in zip(axes[0], levels):
             ks: set[int] = set()
-            for track in tracks:
+            for track in self.tracks:
                 for ev, style in _snapshots(track):
                     pk = (ev.get("levels", {}).get(level) or {}).get("pass_at_k", {})
                     pts = sorted((int(k), v) for k, v in pk.items() if v is not None)
                     if pts:
-                        draw(ax, track, [p[0] for p in pts], [p[1] for p in pts], style, marker=".")
+                        self.draw(ax, track, [p[0] for p in pts], [p[1] for p in pts], style, marker=".")
                         ks.update(p[0] for p in pts)
                         used.add(style)
-            trained = [lv is None or int(level) in lv for lv in (training_levels(r) for r in runs)]
+            trained = [lv is None or int(level) in lv for lv in (training_levels(r) for r in self.runs)]
             note = " (training level)" if all(trained) else " (not trained on)" if not any(trained) else ""
             ax.set_title(f"level {level}{note}", fontsize=9)
             ax.set_xscale("log", base=2)
@@ -180,90 +199,102 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
             ax.set_ylim(0, 1)
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("held-out pass@k")
-        earlier = ", ".join(sorted({s.path.name for t in tracks for s in t.stages[:-1]}))
+        earlier = ", ".join(sorted({s.path.name for t in self.tracks for s in t.stages[:-1]}))
         meaning = {"--": "before training (first evaluation)", "-.": f"after {earlier} (an earlier pipeline stage)",
                    "-": "after training (last evaluation)"}
-        legend_below(fig, track_handles(axes[0]) + [key_line(meaning[st], linestyle=st) for st in meaning if st in used])
+        legend_below(fig, self.track_handles(axes[0])
+                     + [key_line(meaning[st], linestyle=st) for st in meaning if st in used])
         fig.suptitle("held-out pass@k vs k: before (dashed) and after (solid) training", fontsize=10)
-        figures["pass_at_k.png"] = fig
+        return fig
 
-    # 2. pass@1 / pass@n vs step on each run's training levels.
-    fig, ax = plt.subplots(figsize=(7.5, 4.6), layout="constrained")
-    ns, level_text = set(), {}
-    for track in tracks:
-        names = []
-        for stage in track.stages:
-            evs = _reasoning_evals(stage)
-            if not evs:
-                continue
-            lv = _run_levels(stage, evs[-1])
-            names.append((stage.path.name, levels_name(lv) if training_levels(stage) else f"all levels {levels_name(lv)}"))
-            n = int(evs[-1]["samples_per_problem"])
-            ns.add(n)
-            for k, style in ((1, "-"), (n, ":")):
-                pts = [(stage.at(e["step"]), pooled_pass_at_k(e, lv, k)) for e in evs]
-                pts = [p for p in pts if p[1] is not None]
-                if pts:
-                    draw(ax, track, [p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3)
-        level_text[id(track)] = (names[0][1] if len({t for _, t in names}) == 1 else
-                                 ", ".join(f"{s} {t}" for s, t in names)) if names else ""
-    shared = set(level_text.values())
-    where = f"the training levels {next(iter(shared))}" if len(shared) == 1 else "each run's training levels"
-    ax.set_title(f"held-out pass@1 (solid) and pass@n (dotted) on {where}", fontsize=10)
-    ax.set_ylabel("pass@k, pooled over the training levels")
-    bounds = step_axes([ax])
-    n_text = f"n = {next(iter(ns))}" if len(ns) == 1 else "n = samples per problem"
-    legend_below(fig, track_handles([ax], lambda t: "" if len(shared) == 1 else f": {level_text[id(t)]}")
-                 + [key_line("pass@1", marker="o", ms=3), key_line(f"pass@n ({n_text})", linestyle=":", marker="o",
-                                                                   ms=3)]
-                 + bounds)
-    figures["pass_vs_step.png"] = fig
+    def pass_vs_step(self) -> Any:
+        """pass@1 / pass@n vs step on each run's training levels."""
+        from rise_nemo.steps.reasoning_eval import pooled_pass_at_k
 
-    # 3. Training: verifier reward and judge score in their own panels; the critic's explained variance.
-    def reward_kind(run: Any) -> str:
-        method = METHODS.get(run.method)
-        return "judge" if method is not None and method.judge == "reference" else "verifier"
+        fig, ax = self.plt.subplots(figsize=(7.5, 4.6), layout="constrained")
+        ns, level_text = set(), {}
+        for track in self.tracks:
+            names = []
+            for stage in track.stages:
+                evs = _reasoning_evals(stage)
+                if not evs:
+                    continue
+                lv = _run_levels(stage, evs[-1])
+                names.append((stage.path.name, levels_name(lv) if training_levels(stage) else f"all levels {levels_name(lv)}"))
+                n = int(evs[-1]["samples_per_problem"])
+                ns.add(n)
+                for k, style in ((1, "-"), (n, ":")):
+                    pts = [(stage.at(e["step"]), pooled_pass_at_k(e, lv, k)) for e in evs]
+                    pts = [p for p in pts if p[1] is not None]
+                    if pts:
+                        self.draw(ax, track, [p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3)
+            level_text[id(track)] = (names[0][1] if len({t for _, t in names}) == 1 else
+                                     ", ".join(f"{s} {t}" for s, t in names)) if names else ""
+        shared = set(level_text.values())
+        where = f"the training levels {next(iter(shared))}" if len(shared) == 1 else "each run's training levels"
+        ax.set_title(f"held-out pass@1 (solid) and pass@n (dotted) on {where}", fontsize=10)
+        ax.set_ylabel("pass@k, pooled over the training levels")
+        bounds = self.step_axes([ax])
+        n_text = f"n = {next(iter(ns))}" if len(ns) == 1 else "n = samples per problem"
+        legend_below(fig, self.track_handles([ax], lambda t: "" if len(shared) == 1 else f": {level_text[id(t)]}")
+                     + [key_line("pass@1", marker="o", ms=3), key_line(f"pass@n ({n_text})", linestyle=":", marker="o",
+                                                                       ms=3)]
+                     + bounds)
+        return fig
 
-    panels = []  # (key, run filter, title, y label, y limits, gaps)
-    for kind, title, ylabel in (
-            ("verifier", "training reward: verifier (0/1)", "mean reward (fraction correct)"),
-            ("judge", "training reward: reference judge", "mean judge score, (s - 1) / 4 of 1..5")):
-        if any(reward_kind(r) == kind and _series(r, "reward/mean")[0] for r in runs):
-            panels.append(("reward/mean", lambda r, k=kind: reward_kind(r) == k, title, ylabel, (-0.03, 1.03), False))
-    if any(_series(r, "critic/explained_variance")[0] for r in runs):
-        panels.append(("critic/explained_variance", lambda r: True, "critic explained variance",
-                       "1 - Var[R - V] / Var[R] (gaps: undefined)", None, True))
-    if panels:
-        fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.6, 4.2), squeeze=False,
-                                 layout="constrained")
+    def training(self) -> Any:
+        """Verifier reward and judge score in their own panels; the critic's explained variance (None: nothing)."""
+        from rise_nemo.methods.registry import METHODS, ReasoningMethod
+
+        def reward_kind(run: Any) -> str:
+            """The run's scorer grades with ExpRL's reference judge (its config's reward.scorer or its method's own)."""
+            method = METHODS.get(run.method)
+            scorer = method.scorer_for(run.config) if isinstance(method, ReasoningMethod) else None
+            return "judge" if scorer is not None and scorer.judge == "reference" else "verifier"
+
+        panels = []  # (key, run filter, title, y label, y limits, gaps)
+        for kind, title, ylabel in (
+                ("verifier", "training reward: verifier (0/1)", "mean reward (fraction correct)"),
+                ("judge", "training reward: reference judge", "mean judge score, (s - 1) / 4 of 1..5")):
+            if any(reward_kind(r) == kind and series(r, "reward/mean")[0] for r in self.runs):
+                panels.append(("reward/mean", lambda r, k=kind: reward_kind(r) == k, title, ylabel, (-0.03, 1.03), False))
+        if any(series(r, "critic/explained_variance")[0] for r in self.runs):
+            panels.append(("critic/explained_variance", lambda r: True, "critic explained variance",
+                           "1 - Var[R - V] / Var[R] (gaps: undefined)", None, True))
+        if not panels:
+            return None
+        fig, axes = self.plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.6, 4.2), squeeze=False,
+                                      layout="constrained")
         for ax, (key, keep, title, ylabel, ylim, gaps) in zip(axes[0], panels):
-            for track in tracks:
+            for track in self.tracks:
                 for stage in track.stages:
-                    xs, ys = _series(stage, key, gaps=gaps) if keep(stage) else ([], [])
+                    xs, ys = series(stage, key, gaps=gaps) if keep(stage) else ([], [])
                     if xs:
-                        draw(ax, track, xs, ys, marker="." if len(xs) <= 40 else None)
+                        self.draw(ax, track, xs, ys, marker="." if len(xs) <= 40 else None)
             ax.set_title(title, fontsize=9)
             ax.set_ylabel(ylabel)
             if ylim:
                 ax.set_ylim(*ylim)
-        bounds = step_axes(axes[0])
-        legend_below(fig, track_handles(axes[0]) + bounds)
-        figures["reasoning_train.png"] = fig
+        bounds = self.step_axes(axes[0])
+        legend_below(fig, self.track_handles(axes[0]) + bounds)
+        return fig
 
-    # 4. RRL: the replay buffer, how many rollouts replay, and what they solve vs rollouts from scratch.
-    if any(_series(r, "rrl/buffer_size")[0] for r in runs):
-        fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), layout="constrained")
+    def rrl(self) -> Any:
+        """RRL: the replay buffer, how many rollouts replay, and what they solve vs rollouts from scratch."""
+        if not any(series(r, "rrl/buffer_size")[0] for r in self.runs):
+            return None
+        fig, axes = self.plt.subplots(1, 3, figsize=(13, 4.2), layout="constrained")
         started = False
-        for track in tracks:
-            c = color[id(track)]
+        for track in self.tracks:
+            c = self.color[id(track)]
             for stage in track.stages:
                 for ax, key, style in ((axes[0], "rrl/buffer_size", "-"), (axes[1], "rrl/replay_fraction", "-"),
                                        (axes[2], "rrl/solve_rate_replayed", "-"), (axes[2], "rrl/solve_rate_scratch", "--")):
-                    xs, ys = _series(stage, key)
+                    xs, ys = series(stage, key)
                     if xs:
-                        draw(ax, track, xs, ys, style, marker=".")
+                        self.draw(ax, track, xs, ys, style, marker=".")
                 first = next((stage.at(m["step"]) for m in stage.metrics if m.get("rrl/stabilised")), None)
-                if first is not None and _series(stage, "rrl/buffer_size")[0]:
+                if first is not None and series(stage, "rrl/buffer_size")[0]:
                     started = True
                     for ax in axes:
                         ax.axvline(first, color=c, linestyle=":", linewidth=1.2)
@@ -274,18 +305,15 @@ def build_reasoning_figures(runs: Sequence[Any]) -> dict[str, Any]:
             ax.set_ylabel(ylabel)
         axes[1].set_ylim(-0.03, 1.03)
         axes[2].set_ylim(-0.03, 1.03)
-        bounds = step_axes(axes)
-        legend_below(fig, track_handles(axes) + [key_line("solve rate from replayed states"),
-                                                  key_line("solve rate from scratch", linestyle="--")]
+        bounds = self.step_axes(axes)
+        legend_below(fig, self.track_handles(axes) + [key_line("solve rate from replayed states"),
+                                                       key_line("solve rate from scratch", linestyle="--")]
                      + ([key_line("critic stabilised: state search starts", linestyle=":")] if started else [])
                      + bounds)
-        figures["rrl.png"] = fig
-    return figures
+        return fig
 
 
 def write_reasoning_plots(runs: Sequence[Any], out_dir: Path) -> list[Path]:
-    from rise_nemo.orchestration.report import write_plots
-
     return write_plots(runs, out_dir, build=build_reasoning_figures)
 
 
