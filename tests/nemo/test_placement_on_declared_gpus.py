@@ -209,7 +209,7 @@ def cluster_recipes() -> list[str]:
     out = []
     for path in sorted((ROOT / "recipes").glob("*.yaml")):
         if "pipeline" in (yaml.safe_load(path.read_text()) or {}):
-            continue  # a pipeline of recipes (rise_nemo.orchestration.pipeline), not one run
+            continue  # a pipeline of recipes (rise_nemo.loop.pipeline), not one run
         cfg = load_config(path, [])
         if cfg.backend == "nemo":
             out.append((int(cfg.nemo.cluster.num_nodes), path.stem))

@@ -1,5 +1,5 @@
 """Every key under a recipe's ``nemo:`` is READ by a NeMo-RL component the nemo backend constructs, DERIVED from a
-rise_nemo key (``config.DERIVED``), or REFUSED with one line naming it. A key NeMo-RL accepts but nothing on
+rise_nemo key (``DERIVED_KEYS``), or REFUSED with one line naming it. A key NeMo-RL accepts but nothing on
 our path reads would otherwise change nothing silently (``nemo.loss_fn.ratio_clip_max`` next to
 ``policy_loss.clip_high``, which is what trains).
 
@@ -18,11 +18,67 @@ from typing import Any
 
 READ, DERIVED, REFUSED = "read", "derived", "refused"
 
+# NeMo-RL's entry points (``nemo.algorithm``): its GRPO loop (every RL method here) or its distillation loop (opd).
+NEMO_GRPO, NEMO_DISTILLATION = "grpo", "distillation"
+ALGORITHMS = (NEMO_GRPO, NEMO_DISTILLATION)
+
+# NeMo-RL key (under nemo:) -> the rise_nemo key it is derived from.
+DERIVED_KEYS: dict[str, str] = {
+    "policy.generation.temperature": "sampling.temperature",
+    "policy.generation.top_p": "sampling.top_p",
+    "policy.generation.max_new_tokens": "sampling.max_new_tokens",
+    "grpo.num_prompts_per_step": "sampling.prompts_per_step",
+    "grpo.num_generations_per_prompt": "sampling.group_size",
+    "grpo.seed": "run.seed",
+    "grpo.max_num_steps": "train.steps",
+    "grpo.max_num_epochs": "train.steps",
+    # evaluation is rise_nemo's (the eval: block); NeMo-RL's validation loop never runs (grpo.setup gets no
+    # validation set and asserts when any of these is on)
+    "grpo.val_period": "eval.every",
+    "grpo.val_at_start": "eval.at_start",
+    "grpo.val_at_end": "eval.every",
+    "loss_fn.reference_policy_kl_penalty": "policy_loss.kl_coef",
+    "grpo.skip_reference_policy_logprobs_calculation": "policy_loss.kl_coef",
+    "checkpointing.enabled": "train.checkpoint_every",
+    "checkpointing.save_period": "train.checkpoint_every",
+    "checkpointing.keep_top_k": "train.keep_checkpoints",
+    "checkpointing.metric_name": "train.keep_checkpoints",
+    # distillation (NeMo-RL's own loop): it stops on whichever of its step and epoch limits comes first
+    # (distillation.py:717) and sizes the LR schedule from the smaller (train_iters, :571-576)
+    "distillation.max_num_steps": "train.steps",
+    "distillation.max_num_epochs": "train.steps",
+    "distillation.seed": "run.seed",
+    # where NeMo-RL writes its logs and checkpoints: inside the run directory
+    "logger.log_dir": "run.dir",
+    "checkpointing.checkpoint_dir": "run.dir",
+}
+# Derived on rise_nemo's own loop (nemo.algorithm: grpo) only. grpo.setup builds NeMo-RL's ClippedPGLossFn and
+# Logger although the loop uses neither; they are written from ours so that nothing NeMo-RL prints or asserts
+# contradicts what trains (its FP8 check reads use_importance_sampling_correction, grpo.py:986-989), and so that
+# an unfed Logger opens no W&B / MLflow run and starts no GPU monitor. On distillation NeMo-RL's loss and Logger
+# are the real ones: their keys are read there (rise_nemo.backends.nemo.keys).
+_OWN_LOGGING = "train.tensorboard / train.wandb (rise_nemo logs each step; NeMo-RL's Logger stays off)"
+DERIVED_GRPO: dict[str, str] = {
+    "loss_fn.ratio_clip_min": "policy_loss.clip_low",
+    "loss_fn.ratio_clip_max": "policy_loss.clip_high",
+    "loss_fn.use_importance_sampling_correction": "nemo.adapter.importance_sampling",
+    "logger.wandb_enabled": _OWN_LOGGING,
+    "logger.tensorboard_enabled": _OWN_LOGGING,
+    "logger.mlflow_enabled": _OWN_LOGGING,
+    "logger.swanlab_enabled": _OWN_LOGGING,
+    "logger.monitor_gpus": _OWN_LOGGING,
+}
+
+
+def derived_keys(algo: str) -> dict[str, str]:
+    """NeMo-RL key -> the rise_nemo key it is derived from, on entry point ``algo``."""
+    return {**DERIVED_KEYS, **DERIVED_GRPO} if algo == NEMO_GRPO else dict(DERIVED_KEYS)
+
 
 @dataclass(frozen=True)
 class KeyRule:
     prefix: str  # a dotted NeMo-RL key, or the subtree under it
-    kind: str  # READ | REFUSED (DERIVED keys come from config.DERIVED)
+    kind: str  # READ | REFUSED (DERIVED keys come from DERIVED_KEYS)
     why: str  # READ: the component that reads it; REFUSED: the one-line reason, naming what to set instead
 
 
@@ -81,8 +137,6 @@ def _under(key: str, prefix: str) -> bool:
 def classify(algorithm: str, key: str) -> KeyRule:
     """The rule for a dotted NeMo-RL key (relative to ``nemo:``): DERIVED when rise_nemo writes it, else the most
     specific rule of ``RULES[algorithm]``, else ``UNKNOWN``."""
-    from rise_nemo.backends.nemo.config import derived_keys
-
     for derived, ours in derived_keys(algorithm).items():
         if _under(key, derived):
             return KeyRule(derived, DERIVED, ours)

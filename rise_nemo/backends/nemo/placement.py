@@ -62,11 +62,12 @@ def layout_line(recipe: Mapping[str, Any]) -> str:
 
 
 def has_critic(recipe: Mapping[str, Any]) -> bool:
-    """Whether the recipe's method trains a value model (rise_nemo.methods ``critic``)."""
-    from rise_nemo.methods import DEFAULT_METHOD, METHODS
+    """Whether the recipe's method trains a value model (a reasoning method whose advantage estimator reads a
+    critic: ``ReasoningMethod.critic``)."""
+    from rise_nemo.methods.registry import DEFAULT_METHOD, METHODS, ReasoningMethod
 
     method = METHODS.get(str(recipe.get("method") or DEFAULT_METHOD))
-    return method is not None and bool(method.critic)
+    return isinstance(method, ReasoningMethod) and method.critic
 
 
 @contextlib.contextmanager
