@@ -36,8 +36,11 @@ def ray_session():
     ray = pytest.importorskip("ray")
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before ray.init: stay on 127.0.0.1
     if not ray.is_initialized():
-        # address="local": always our own small cluster, never one another process on the machine runs.
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # always our own small cluster on 127.0.0.1, never one another process on the machine runs (retried when
+        # the raylet misses Ray's start-up window: tests/private_ray.py)
+        from private_ray import init_local
+
+        init_local(num_cpus=2, log_to_driver=False)
         _STARTED_RAY.append(True)
     return ray
 

@@ -31,8 +31,9 @@ BOUND_S = 240  # generous: the run itself takes seconds; a hang never ends
 
 DRIVER = textwrap.dedent('''
     import sys, threading
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {tests_root!r}]
     import ray
+    from private_ray import init_local
 
     import rise_nemo.backends.nemo as nemo_backend
     from test_backend_cpu import make_backend
@@ -45,7 +46,7 @@ DRIVER = textwrap.dedent('''
             return step
 
     def build_backend(cfg, checkpoint=None, train_prompts=None):
-        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+        init_local(num_cpus=1, log_to_driver=False)
         with open({pid_file!r}, "w") as fh:
             fh.write(str(ray._private.worker.global_worker.node.all_processes["raylet"][0].process.pid))
         policy, generator, *_ = make_backend()
@@ -89,7 +90,8 @@ def _started_in(cwd: Path) -> list[int]:
 def test_train_exits_after_a_ray_worker_raises(tmp_path):
     run_dir, pid_file = tmp_path / "run", tmp_path / "raylet.pid"
     driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER.format(tests=str(Path(__file__).parent), pid_file=str(pid_file)))
+    driver.write_text(DRIVER.format(tests=str(Path(__file__).parent), tests_root=str(Path(__file__).parents[1]),
+                                    pid_file=str(pid_file)))
     train = write_jsonl(tmp_path / "train.jsonl", make_prompts(4))
     evalp = write_jsonl(tmp_path / "eval.jsonl", make_prompts(2, 4))
     overrides = [

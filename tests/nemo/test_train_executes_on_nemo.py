@@ -25,11 +25,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -46,28 +43,13 @@ sys.path.insert(0, str(ROOT / "tests" / "judges"))
 
 import cpu_harness  # noqa: E402
 from cpu_nemo import make_prompts, write_jsonl  # noqa: E402
+from private_ray import head_process  # noqa: E402
 
 RUN_TIMEOUT_S = 1500  # bounded, generous: a first vLLM engine on 2 busy cores takes minutes
-HEAD_READY_S = 180
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _head_ready(address: str, env: dict) -> bool:
-    probe = "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); ray.shutdown()"
-    done = subprocess.run([sys.executable, "-c", probe, address], env=env, capture_output=True, timeout=120)
-    return done.returncode == 0
-
-
 @pytest.fixture(scope="module")
 def nemo_env(tmp_path_factory):
     """Environment of the `rise-nemo train` subprocesses: a private Ray head, the harness on PYTHONPATH."""
     site = cpu_harness.write_worker_sitecustomize(tmp_path_factory.mktemp("harness_site"))
-    ray_tmp = Path("/tmp") / f"rn{uuid.uuid4().hex[:8]}"  # short: Ray's socket paths must fit in 107 bytes
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     env.update(
@@ -79,28 +61,11 @@ def nemo_env(tmp_path_factory):
         PYTHONPATH=os.pathsep.join(p for p in (str(site.parent), str(ROOT), env.get("NEMO_RL_DIR", ""),
                                                env.get("PYTHONPATH", "")) if p),
     )
-    port = _free_port()
-    head = subprocess.Popen(
-        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-         f"--port={port}", "--num-cpus=6", "--num-gpus=0", "--include-dashboard=false", f"--temp-dir={ray_tmp}",
-         "--disable-usage-stats"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    address = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + HEAD_READY_S
-        while not _head_ready(address, env):
-            if head.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"private Ray head on {address} did not start (exit {head.poll()})")
+    # `ray start --head --block` in its own session, stopped by PID; started again when its raylet misses Ray's
+    # start-up window (tests/private_ray.py)
+    with head_process(env, num_cpus=6) as address:
         env["RAY_ADDRESS"] = address
         yield env
-    finally:
-        head.terminate()  # `ray start --block` tears its cluster down on SIGTERM
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, 9)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -233,6 +233,7 @@ def test_rubric_environment_inside_nemo_rollout(tmp_path):
     from nemo_rl.data.collate_fn import rl_collate_fn
     from nemo_rl.environments.utils import create_env
     from nemo_rl.experience.rollouts import run_multi_turn_rollout
+    from private_ray import init_local
 
     from rise_nemo.backends.nemo import register_rubric_environment
     from rise_nemo.backends.nemo.environment import rubric_datum
@@ -241,10 +242,8 @@ def test_rubric_environment_inside_nemo_rollout(tmp_path):
     from rise_nemo.interfaces import JudgeRequest
     from rise_nemo.judges.rule import RuleJudge
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    # address="local": always a private cluster, never one another process on the machine started.
-    ray.init(address="local", num_cpus=2, include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
+    # always a private cluster on 127.0.0.1, never one another process on the machine started
+    init_local(num_cpus=2, runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}})
     try:
         tok = make_tokenizer()
         session = NemoSession(None, None, tok, {"policy": {"generation": {
