@@ -272,6 +272,20 @@ def patch_worker() -> None:  # noqa: C901 - one flat list of patches, each docum
 
     ray.get_gpu_ids = lambda: [0]
 
+    # 6b. dtensor_policy_worker.py:316 (the v1 worker) builds the class resolve_model_class() picks: Automodel's
+    #     NeMoAutoModelForCausalLM wherever nemo_automodel imports (policy/utils.py:33-50,131-135; here it does,
+    #     for the v2 workers). Its from_config inside the v1 worker's init_empty_weights (:333) sums the
+    #     parameters' norms and calls .item() on the meta result (Automodel model_utils.py:143), which raises.
+    #     The v1 worker, the tests' stand-in for Megatron, keeps the transformers classes it builds where
+    #     Automodel is not installed (NeMo-RL's own fallback, utils.py:135).
+    def v1_worker_on_transformers(module):
+        from nemo_rl.models.policy import utils
+
+        module.resolve_model_class = lambda model_type: utils.AUTOMODEL_FACTORY.get(
+            model_type.lower(), utils.AutoModelForCausalLM)
+
+    after_import("nemo_rl.models.policy.workers.dtensor_policy_worker", v1_worker_on_transformers)
+
     patch_vllm_and_refit()
     patch_driver_in_subprocess()
 
