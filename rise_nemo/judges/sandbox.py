@@ -409,6 +409,23 @@ def _discard_all(prepared: dict[tuple[int, int], PreparedLaunch], lock: threadin
         _discard(launch)
 
 
+def _drain(stream: Any, chunks: list[bytes], room: int) -> None:
+    """Append up to ``room`` more bytes of what is already buffered in ``stream`` (non-blocking)."""
+    try:
+        os.set_blocking(stream.fileno(), False)  # a process that escaped the kill may still hold the pipe
+    except (OSError, ValueError):
+        return
+    while room > 0:
+        try:
+            block = os.read(stream.fileno(), 65536)
+        except (BlockingIOError, OSError, ValueError):
+            return
+        if not block:
+            return
+        chunks.append(block[:room])
+        room -= len(block)
+
+
 def _with_cgroup(res: ExecResult, cgroup: ExecutionCgroup, hit: str | None, peak: int | None) -> ExecResult:
     """``res`` with what its cgroup saw: a hit cap makes the whole execution a failure of that kind, even
     when the program caught the failed fork and exited by itself."""
@@ -584,6 +601,9 @@ def execute(argv: list[str], stdin: bytes | str, limits: SandboxLimits, preexec:
         _kill_group(proc)
         proc.wait()
         for stream in (proc.stdout, proc.stderr):
+            # What the program wrote before it was stopped is still in the pipe: a watcher that sees a cap
+            # before the loop read the last lines must not erase them (non-blocking: nobody writes now)
+            _drain(stream, chunks[stream], caps[stream] - sizes[stream])
             stream.close()
         writer.join(timeout=5)
     wall = time.monotonic() - start

@@ -34,23 +34,19 @@ from typing import Any
 import numpy as np
 import torch
 
-# The step kinds' steps and the scorers, advantage estimators and hooks they implement bind themselves to the
-# registry on import (rise_nemo.methods.registry); the trainer only asks the method for its step.
-import rise_nemo.steps.exprl
-import rise_nemo.steps.reasoning
-import rise_nemo.steps.reward_model
-import rise_nemo.steps.rrl
-import rise_nemo.steps.rubric
-import rise_nemo.steps.sft  # noqa: F401
 from rise_nemo.core.rubric import RubricPrompt
 from rise_nemo.interfaces import CountingJudge, Critic, Generator, Judge, Policy, StatsJudge, Verifier
 from rise_nemo.loop import checkpoint as ckpt
 from rise_nemo.loop.data import PromptSampler
 from rise_nemo.loop.rundir import RunDirLock, write_config
 from rise_nemo.loop.signals import StopFlag
-from rise_nemo.methods.registry import Method, RunParts, get_method
+from rise_nemo.methods.registry import Method, RunParts, get_method, load_step_implementations
 from rise_nemo.steps.rollouts import pad_id_of
 from rise_nemo.stopping import StopInterrupted
+
+# The step kinds' steps and the scorers, advantage estimators and hooks they implement bind themselves to the
+# registry when their modules are imported: all of rise_nemo.steps, here, so the trainer only asks the method.
+load_step_implementations()
 
 log = logging.getLogger("rise_nemo.train")
 

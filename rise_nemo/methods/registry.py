@@ -25,6 +25,8 @@ and is imported with the package, so a new method is one new file here.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
@@ -85,6 +87,20 @@ class Hooks(Piece):
 P = TypeVar("P", bound=Piece)
 
 
+# Where the declared pieces are implemented. A caller that imports only the step it runs (a bench building
+# ReasoningContext itself) still gets pieces implemented next door (RRL's hooks in steps/rrl.py, ExpRL's scorers
+# in steps/exprl.py): the first lookup of an unimplemented piece imports every module of this package. By name,
+# not by an import statement: the steps import this registry, never the other way round.
+STEP_IMPLEMENTATIONS = "rise_nemo.steps"
+
+
+def load_step_implementations() -> None:
+    """Imports every module of ``STEP_IMPLEMENTATIONS`` (each binds the pieces it implements)."""
+    package = importlib.import_module(STEP_IMPLEMENTATIONS)
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{STEP_IMPLEMENTATIONS}.{info.name}")
+
+
 class Registry(Generic[P]):
     """Name -> piece of one kind of one step (e.g. the reasoning step's scorers); one-line errors naming both."""
 
@@ -123,10 +139,14 @@ class Registry(Generic[P]):
         return self._items[name]
 
     def impl(self, name: str) -> Any:
-        """The implementation of ``name``; a one-line error when its step module was not imported."""
+        """The implementation of ``name`` (its step module is imported on first use); a one-line error when no
+        step module implements it."""
         piece = self.get(name)
         if piece.impl is None:
-            raise ValueError(f"{self.step} {self.what} {name!r} is declared but not implemented (import rise_nemo.steps)")
+            load_step_implementations()
+        if piece.impl is None:
+            raise ValueError(f"{self.step} {self.what} {name!r} is declared but no module of "
+                             f"{STEP_IMPLEMENTATIONS} implements it")
         return piece.impl
 
     def __contains__(self, name: object) -> bool:
@@ -153,6 +173,8 @@ class StepKind:
         return step
 
     def step(self) -> TrainingStep:
+        if self._step is None:
+            load_step_implementations()
         if self._step is None:
             raise ValueError(f"the {self.name} step is not implemented (import rise_nemo.steps.{self.name})")
         return self._step

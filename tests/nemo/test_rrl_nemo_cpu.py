@@ -26,6 +26,7 @@ from rise_nemo.steps.reasoning import (  # noqa: E402
     make_hooks,  # noqa: E402
     reasoning_train_step,
 )
+from rise_nemo.steps.sft import SFTContext  # noqa: E402
 
 torch.set_num_threads(1)
 MAX_NEW = 5
@@ -151,8 +152,8 @@ def test_sft_step_on_the_nemo_backend_pieces():
     cfg = config_from_dict(chain_recipe("sft", group_size=2, max_new_tokens=MAX_NEW), ["policy_loss.kl_coef=0"])
     problems = [ReasoningProblem(f"q{i}", ({"role": "user", "content": f"describe the {topic}"},), REFERENCE, "x", 1)
                 for i, topic in enumerate(("river", "sun", "moon"))]
-    ctx = ReasoningContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
-                           method=get_method("sft"), critic=None, pad_id=tok.pad_token_id)
+    ctx = SFTContext(cfg=cfg, policy=NemoPolicy(session, False), generator=NemoGenerator(session), verifier=Wrong(),
+                     method=get_method("sft"), pad_id=tok.pad_token_id)
     before = policy.model.table.detach().clone()
     metrics = ctx.method.training_step().train_step(ctx, problems, 1)  # the SFT step (no sampling)
     assert policy.train_calls[0]["input_ids"].shape[0] == 32 and events.count("policy.get_logprobs") == 0

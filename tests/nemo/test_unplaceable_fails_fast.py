@@ -95,3 +95,21 @@ def test_a_driver_blocked_on_an_unplaceable_worker_ends_with_one_line(tmp_path):
     lines = [ln for ln in done.stderr.splitlines() if ln.startswith("rise-nemo train:")]
     assert len(lines) == 1 and "lm_value-0-0" in lines[0] and LAYOUT in lines[0], done.stderr[-3000:]
     assert "was not placed within 3 s" in (run_dir / "train.log").read_text()
+
+
+def test_no_watchdog_and_no_ray_started_when_this_process_has_no_ray(tmp_path):
+    """A build with NeMo-RL's init_ray replaced (the mocked-NeMo-RL tests) has no Ray to watch. Asking Ray for
+    the runtime context anyway started or attached to a Ray of its own: with a stale
+    /tmp/ray/ray_current_cluster (left by an earlier `ray start`) four tests failed 'Failed to connect to Ray
+    cluster at ...:6379'. Here the default temp dir holds such a file, pointing at a port nobody serves."""
+    stale = tmp_path / "tmp"  # RAY_TMPDIR: Ray reads <it>/ray/ray_current_cluster
+    (stale / "ray").mkdir(parents=True)
+    (stale / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")
+    probe = ("import ray\n"
+             "from rise_nemo.backends.nemo.placement import start_watchdog\n"
+             "watchdog = start_watchdog({'nemo': {'adapter': {'placement_timeout_s': 60}}})\n"
+             "print('watchdog', watchdog, 'ray', ray.is_initialized())\n")
+    env = {**_env(), "RAY_TMPDIR": str(stale)}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "watchdog None ray False"

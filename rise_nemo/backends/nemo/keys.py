@@ -159,7 +159,7 @@ def refusal(algorithm: str, key: str, has_critic: bool = False) -> str | None:
     rule = classify(algorithm, key)
     if rule.kind == DERIVED:
         return f"recipe key nemo.{key} is set from {rule.why}; set it there, not under nemo:"
-    if rule.prefix == "value" and not has_critic and algorithm == "grpo":
+    if rule.prefix == "value" and not has_critic and algorithm == NEMO_GRPO:
         return "recipe key nemo.value: only a method with a critic (ppo, rrl) trains a value model"
     if rule.kind == REFUSED:
         return f"recipe key nemo.{key} is not used on backend nemo: {rule.why}"

@@ -217,8 +217,12 @@ def _resources() -> str:
 def start_watchdog(recipe: Mapping[str, Any]) -> PlacementWatchdog | None:
     """The watchdog for a run of ``recipe`` (Ray initialised), or None when turned off
     (``nemo.adapter.placement_timeout_s: 0``)."""
+    import ray
+
     timeout = float(get(recipe, "nemo.adapter.placement_timeout_s", DEFAULT_PLACEMENT_TIMEOUT_S, (int, float)))
-    if timeout <= 0:
+    if timeout <= 0 or not ray.is_initialized():
+        # no Ray of this process (init_ray replaced, as tests do): nothing to watch. Asking for the runtime
+        # context would start or attach to a Ray itself - a stale /tmp/ray/ray_current_cluster made that fail.
         return None
     return PlacementWatchdog(layout_line(recipe), timeout).start()
 
