@@ -237,6 +237,10 @@ def critic_tree(run_dir: Path, model_dir: Path, steps: int) -> dict:
     follows the policy: rise_nemo.planner.critic.value_config), MATH rows with their reference solutions."""
     tree = _common(run_dir, model_dir, steps)
     tree["nemo"] = nemo_block(model_dir, 12, v2=True)
+    # the math recipes sample at top_p 0.9: NeMo-RL's loss recomputes log-probs under it, which with plain logits
+    # and packing off works only one row per micro-batch (rise_nemo.backends.nemo.config.check_dtensor_top_p);
+    # the shipped recipes pack, as this tiny block does not
+    tree["nemo"]["policy"]["train_micro_batch_size"] = 1
     tree["nemo"]["value"] = {
         "optimizer": {"kwargs": {"lr": CRITIC_LR, "weight_decay": 0.0, "foreach": False, "fused": False}},
         "scheduler": [{"name": "torch.optim.lr_scheduler.LinearLR",
@@ -287,6 +291,11 @@ def test_rrl_replays_after_a_resume_on_dtensor_v2(nemo_env, tiny_model, tmp_path
     tree = critic_tree(run_dir, tiny_model, 2)
     tree["rrl"] = {"beta": 1.0, "steps_per_epoch": 1, "granularity": "token", "state_sources": ["canonical"],
                    "stabilise": {"max_steps": 0}}
+    # as many training problems as one step takes, so step 2 meets step 1's problems again (the sampler walks
+    # an epoch without replacement): replay needs a buffered state OF THE PROBLEM being sampled
+    lines = (ROOT / "tests" / "data" / "fixtures" / "math_sample.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "train.jsonl").write_text("".join(lines[:2]))
+    tree["data"]["train_path"] = str(tmp_path / "train.jsonl")
     path = cpu_recipe(tmp_path, "rrl_math_7b", tree)
 
     _run(nemo_env, tmp_path, "train", "--config", str(path), "--stop-after", "1")

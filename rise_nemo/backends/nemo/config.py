@@ -266,6 +266,7 @@ def build_master_config(recipe: Mapping[str, Any], run_dir: str) -> dict[str, An
                               "same shape)") from None
     master = OmegaConf.to_container(merged, resolve=True)
     check_dtensor_worker(master)
+    check_dtensor_top_p(master)
     return master
 
 
@@ -282,6 +283,34 @@ def shape_mismatch(base: Any, override: Any, prefix: str = "") -> str | None:
             isinstance(base, Mapping) != isinstance(override, Mapping):
         return prefix.rstrip(".")
     return None
+
+
+def check_dtensor_top_p(master: Mapping[str, Any]) -> None:
+    """NeMo-RL v0.7.0's DTensor workers recompute log-probs under the generation's top-p. With plain (not
+    tensor-parallel) logits that goes through ``logits[:, :-1]`` then ``.view(-1, vocab)``
+    (nemo_rl/distributed/model_utils.py:1626-1631, algorithms/logits_sampling_utils.py:153), which raises
+    "view size is not compatible" whenever a micro-batch holds more than one row: found executing the DTensor
+    v2 policy worker in make test-nemo, and not CPU-specific (the slice is non-contiguous on any device).
+    Sequence packing (one packed row), a fixed micro-batch of 1, tensor parallelism or top_p 1 avoid it; dynamic
+    batching does not (its micro-batches hold several rows). Refuse the rest here, naming our key, instead of
+    failing inside the first train call. (The worker's log-prob pass filters the whole, contiguous logits first:
+    nemo_rl/models/automodel/train.py:826-843, so only the loss is affected.)"""
+    policy = master.get("policy") or {}
+    dtensor = policy.get("dtensor_cfg") or {}
+    top_p = float((policy.get("generation") or {}).get("top_p", 1.0) or 1.0)
+    if not dtensor.get("enabled") or top_p >= 1.0 or int(dtensor.get("tensor_parallel_size", 1) or 1) > 1:
+        return
+    if (policy.get("sequence_packing") or {}).get("enabled"):
+        return
+    dynamic = bool((policy.get("dynamic_batching") or {}).get("enabled"))
+    if not dynamic and int(policy.get("train_micro_batch_size", 1) or 1) <= 1:
+        return
+    rows = "dynamic batching is on" if dynamic else f"train_micro_batch_size is {policy.get('train_micro_batch_size')}"
+    raise NemoConfigError(
+        f"recipe key sampling.top_p: {top_p} < 1 on a DTensor policy with tensor_parallel_size 1, sequence packing "
+        f"off and {rows} fails in NeMo-RL v0.7.0's first train call (its top-p log-prob path views a non-contiguous "
+        f"slice when a micro-batch has more than one row); turn on nemo.policy.sequence_packing.enabled, set "
+        f"nemo.policy.train_micro_batch_size: 1 with dynamic batching off, or sampling.top_p: 1.0")
 
 
 def check_dtensor_worker(master: Mapping[str, Any], blocks: tuple[str, ...] = ("policy", "teacher")) -> None:
