@@ -73,15 +73,21 @@ test-vllm: install $(VLLM_VENV)/.installed
 # CPU build needs torch 2.11): tests/nemo/test_train_executes_on_nemo.py runs `rise-nemo train` on NeMo-RL's real
 # DTensor policy worker, VllmGeneration and colocated refit (patches in tests/nemo/cpu_harness.py). torchvision /
 # torchaudio / torchcodec come with it and are removed: their PyPI builds break vLLM's import.
+# NeMo-RL's DTensor v2 workers (the critic on dtensor_cfg) import nemo_automodel from the Automodel source NeMo-RL pins:
+# in a NeMo-RL checkout its git submodule (the default below); .ci/run points it at the copy beside the checkout. Three
+# of its imports come from .ci/requirements-nemo-rl-nodeps.txt, installed without their dependencies.
 NEMO_VENV ?= .venv-nemo
 NEMO_REQUIREMENTS := .ci/requirements-nemo-rl-cpu.txt
+NEMO_NODEPS := .ci/requirements-nemo-rl-nodeps.txt
 NEMO_TESTS ?= tests/nemo
+NEMO_AUTOMODEL_DIR ?= $(NEMO_RL_DIR)/3rdparty/Automodel-workspace/Automodel
 .PHONY: test-nemo
-$(NEMO_VENV)/.installed: $(CONSTRAINTS) $(NEMO_REQUIREMENTS) pyproject.toml
+$(NEMO_VENV)/.installed: $(CONSTRAINTS) $(NEMO_REQUIREMENTS) $(NEMO_NODEPS) pyproject.toml
 	test -x $(NEMO_VENV)/bin/python || $(PYTHON) -m venv $(NEMO_VENV)
 	$(NEMO_VENV)/bin/pip install -q --upgrade pip
 	$(NEMO_VENV)/bin/pip install -q -c $(CONSTRAINTS) torch==2.13.0
 	$(NEMO_VENV)/bin/pip install -q -c $(CONSTRAINTS) -r $(NEMO_REQUIREMENTS)
+	$(NEMO_VENV)/bin/pip install -q --no-deps -r $(NEMO_NODEPS)
 	$(NEMO_VENV)/bin/pip install -q -c $(CONSTRAINTS) -e '.[local,judge,math,dev]'
 	$(NEMO_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	$(NEMO_VENV)/bin/python tests/nemo/nemo_venv.py write-sitecustomize
@@ -90,5 +96,8 @@ $(NEMO_VENV)/.installed: $(CONSTRAINTS) $(NEMO_REQUIREMENTS) pyproject.toml
 test-nemo: $(NEMO_VENV)/.installed
 	@test -n "$$NEMO_RL_DIR" && test -d "$$NEMO_RL_DIR/nemo_rl" || \
 	  { echo "make test-nemo: set NEMO_RL_DIR to a NeMo-RL v0.7.0 checkout (the directory holding nemo_rl/)" >&2; exit 2; }
-	RISE_REQUIRE_NEMO_RL=1 PYTHONPATH="$$NEMO_RL_DIR$${PYTHONPATH:+:$$PYTHONPATH}" \
+	@test -d "$(NEMO_AUTOMODEL_DIR)/nemo_automodel" || \
+	  { echo "make test-nemo: NEMO_AUTOMODEL_DIR=$(NEMO_AUTOMODEL_DIR) holds no nemo_automodel/ (the Automodel source" \
+	    "NeMo-RL v0.7.0 pins: its 3rdparty/Automodel-workspace/Automodel submodule)" >&2; exit 2; }
+	RISE_REQUIRE_NEMO_RL=1 PYTHONPATH="$$NEMO_RL_DIR:$(NEMO_AUTOMODEL_DIR)$${PYTHONPATH:+:$$PYTHONPATH}" \
 	  $(NEMO_VENV)/bin/python -m pytest -q -m nemo -W ignore::DeprecationWarning $(NEMO_TESTS)

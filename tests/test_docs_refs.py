@@ -62,15 +62,17 @@ def test_contracts_headings_cited_in_the_repository_exist():
     assert not missing, "\n".join(missing)
 
 
-# The one allowed exception: CI's entry point points $NEMO_RL_DIR at the NeMo-RL copy beside the checkout.
-CI_NEMO_RL_COPY = (".ci/run", "nemo_rl_copy=.." + "/shared/third_party/nemo-rl-v0.7.0")
+# The allowed exceptions: CI's entry point points $NEMO_RL_DIR at the NeMo-RL copy beside the checkout, and
+# $NEMO_AUTOMODEL_DIR at the copy of the Automodel commit NeMo-RL pins.
+CI_THIRD_PARTY_COPIES = {(".ci/run", "nemo_rl_copy=.." + "/shared/third_party/nemo-rl-v0.7.0"),
+                         (".ci/run", "automodel_copy=.." + "/shared/third_party/automodel-24b47e85")}
 
 
 def test_no_tracked_file_points_outside_the_repository():
     offenders = []
     for path in tracked_text_files():
         for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-            if (str(path.relative_to(REPO)), line.strip()) == CI_NEMO_RL_COPY:
+            if (str(path.relative_to(REPO)), line.strip()) in CI_THIRD_PARTY_COPIES:
                 continue
             if OUTSIDE.search(line):
                 offenders.append(f"{path.relative_to(REPO)}:{lineno}: {line.strip()[:100]}")

@@ -31,12 +31,20 @@ def run(args: argparse.Namespace) -> int:
     train_prompts, eval_prompts = load_prompts_checked(cfg, env_sources)
     try:
         run_dir = Path(run_dir_of(distillation_recipe(cfg)))
-        with RunDirLock(run_dir):
-            # Same run-directory rules as `rise-nemo train`: one job per directory, a resume only under the
-            # same config, and config.yaml written so that `rise-nemo eval RUN_DIR` finds the recipe next to
-            # NeMo-RL's checkpoints (rise_nemo.backends.nemo.checkpoints).
-            check_resume(run_dir, cfg)
-            write_config(run_dir, cfg, resume_step(run_dir))
-            return run_distillation(cfg, train_prompts, eval_prompts)
     except NemoConfigError as exc:
         raise UserError(f"{args.config}: {exc}") from None
+    # As `rise-nemo train` on the cluster path: any failure (a Ray worker's, an unplaceable layout) ends the
+    # process in bounded time with one line (rise_nemo.backends.nemo.failfast).
+    from rise_nemo.backends.nemo.failfast import fail_fast
+    from rise_nemo.commands import user_errors
+
+    with fail_fast("rise-nemo distill", run_dir=lambda: run_dir, user_errors=user_errors()), RunDirLock(run_dir):
+        # Same run-directory rules as `rise-nemo train`: one job per directory, a resume only under the
+        # same config, and config.yaml written so that `rise-nemo eval RUN_DIR` finds the recipe next to
+        # NeMo-RL's checkpoints (rise_nemo.backends.nemo.checkpoints).
+        check_resume(run_dir, cfg)
+        write_config(run_dir, cfg, resume_step(run_dir))
+        try:
+            return run_distillation(cfg, train_prompts, eval_prompts)
+        except NemoConfigError as exc:
+            raise UserError(f"{args.config}: {exc}") from None

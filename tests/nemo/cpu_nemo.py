@@ -163,7 +163,7 @@ class CpuMegatronPolicy:
         self.opt.step()
         return {"loss": torch.tensor(total), "grad_norm": grad_norm, "all_mb_metrics": metrics}
 
-    def save_checkpoint(self, weights_path, optimizer_path=None, tokenizer_path=None):
+    def save_checkpoint(self, weights_path, optimizer_path=None, tokenizer_path=None, checkpointing_cfg=None):
         self.events.append("policy.save_checkpoint")
         import os
 

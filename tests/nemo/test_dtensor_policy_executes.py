@@ -12,7 +12,6 @@ the NeMo-RL line it works around). vLLM generation and the refit are NOT execute
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -27,7 +26,6 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests" / "judges"))
 
-import cpu_harness  # noqa: E402
 
 ROWS, NATURAL, WIDTH = 6, 4, 12  # 4 natural + 2 guided rows (RISE-RL's guided branch)
 GLOBAL_BATCH = 8  # NemoPolicy pads to it: a micro-batch of padding rows only
@@ -55,33 +53,6 @@ def _policy_config(model_dir: Path) -> dict:
     policy["scheduler"] = {"name": "torch.optim.lr_scheduler.ConstantLR", "kwargs": {"factor": 1.0, "total_iters": 1}}
     policy["generation"]["colocated"]["enabled"] = True
     return policy
-
-
-@pytest.fixture(scope="module")
-def ray_private(tmp_path_factory):
-    """A private Ray cluster of this process on 127.0.0.1 (address='local': never attaches to another one);
-    its workers run the harness (PYTHONPATH: the generated sitecustomize, our code, NeMo-RL)."""
-    import ray
-    from private_ray import init_local
-
-    site = cpu_harness.write_worker_sitecustomize(tmp_path_factory.mktemp("worker_site"))
-    old = dict(os.environ)
-    nemo_dir = os.environ.get("NEMO_RL_DIR", "")
-    os.environ.update(
-        RISE_NEMO_CPU_HARNESS="1", RAY_AUTH_MODE="disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-        NRL_DISABLE_NUMA_BINDING="1", RAY_USAGE_STATS_ENABLED="0",
-        PYTHONPATH=os.pathsep.join(p for p in (str(site.parent), str(ROOT), nemo_dir, old.get("PYTHONPATH", "")) if p),
-    )
-    os.environ.pop("RAY_ADDRESS", None)
-    previous = cpu_harness.patch_driver()
-    init_local(num_cpus=4, log_to_driver=True)  # retried when the raylet misses Ray's start-up window
-    try:
-        yield
-    finally:
-        ray.shutdown()
-        cpu_harness.unpatch_driver(previous)
-        os.environ.clear()
-        os.environ.update(old)
 
 
 def _build_policy(model_dir: Path, resume: Path | None):

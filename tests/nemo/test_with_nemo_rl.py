@@ -648,7 +648,11 @@ def test_dtensor_recipe_names_the_v2_worker_it_inherits(v2, tmp_path, monkeypatc
     from rise_nemo.backends.nemo.config import NemoConfigError, build_master_config
     from rise_nemo.config.loader import load_config
 
-    assert importlib.util.find_spec("nemo_automodel") is None  # what this test is about
+    # what this test is about: a venv without nemo_automodel (make test-nemo puts the Automodel source on
+    # PYTHONPATH for the v2 workers, so its absence is simulated where config.py looks for it)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name == "nemo_automodel" else real_find_spec(name, *a, **k))
     monkeypatch.setenv("NEMO_RL_DIR", str(Path(nemo_rl.__file__).resolve().parents[1]))
     overrides = ["nemo.policy.dtensor_cfg.enabled=true", "nemo.policy.megatron_cfg.enabled=false"]
     if v2 is not None:
@@ -660,6 +664,41 @@ def test_dtensor_recipe_names_the_v2_worker_it_inherits(v2, tmp_path, monkeypatc
     else:
         master = grpo.MasterConfig(**build_master_config(recipe, str(tmp_path)))
         assert master.policy["dtensor_cfg"]["enabled"] and master.policy["dtensor_cfg"]["_v2"] is False
+
+
+@pytest.mark.parametrize("policy_keys, refused", [
+    ({"train_micro_batch_size": 4, "sequence_packing": {"enabled": False}}, "train_micro_batch_size is 4"),
+    ({"train_micro_batch_size": 1, "sequence_packing": {"enabled": False}, "dynamic_batching": {"enabled": True}},
+     "dynamic batching is on"),
+    ({"train_micro_batch_size": 1, "sequence_packing": {"enabled": False}, "dynamic_batching": {"enabled": False}},
+     None),
+    ({"train_micro_batch_size": 4, "sequence_packing": {"enabled": True}}, None),
+])
+def test_dtensor_top_p_with_multi_row_micro_batches_is_refused(policy_keys, refused, tmp_path, monkeypatch):
+    """ppo_math_7b samples at top_p 0.9. On a DTensor policy (TP 1) NeMo-RL v0.7.0's loss recomputes log-probs
+    under it through a view of a non-contiguous slice, which raised "view size is not compatible" in the first
+    train call of make test-nemo's v2 critic steps whenever a micro-batch held several rows. build_master_config
+    refuses those layouts naming sampling.top_p, and passes the ones that execute (a row per micro-batch, or
+    packing) through NeMo-RL's own MasterConfig."""
+    from nemo_rl.algorithms import grpo
+
+    from rise_nemo.backends.nemo import plain_recipe
+    from rise_nemo.backends.nemo.config import NemoConfigError, build_master_config
+    from rise_nemo.config.loader import load_config
+
+    monkeypatch.setenv("NEMO_RL_DIR", str(Path(nemo_rl.__file__).resolve().parents[1]))
+    recipe = plain_recipe(load_config(REPO / "recipes" / "ppo_math_7b.yaml", [
+        "nemo.policy.dtensor_cfg.enabled=true", "++nemo.policy.dtensor_cfg._v2=false",
+        "nemo.policy.megatron_cfg.enabled=false"]))
+    assert recipe["sampling"]["top_p"] < 1.0  # the premise: the shipped recipe filters
+    for key, value in policy_keys.items():
+        recipe["nemo"]["policy"][key] = value
+    if refused:
+        with pytest.raises(NemoConfigError, match=rf"recipe key sampling\.top_p: 0\.9 .*{refused}"):
+            build_master_config(recipe, str(tmp_path))
+    else:
+        master = grpo.MasterConfig(**build_master_config(recipe, str(tmp_path)))
+        assert master.policy["generation"]["top_p"] == recipe["sampling"]["top_p"]
 
 
 def test_master_config_names_the_key_a_merge_cannot_take(tmp_path, monkeypatch):

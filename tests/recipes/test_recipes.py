@@ -144,7 +144,7 @@ def _set(tree: dict, dotted: str, value) -> None:
     ("rise_14b.yaml", "logger.wandb.project", "nemo.logger.wandb.project is not used on backend nemo"),
     ("rise_14b.yaml", "data.shuffle", "prompts come from the recipe's data: block"),
     ("rise_14b.yaml", "env.math.num_workers", "rewards come from the recipe's judge"),
-    ("rise_14b.yaml", "checkpointing.model_save_format", "rise_nemo writes <run dir>/checkpoints itself"),
+    ("rise_14b.yaml", "checkpointing.save_optimizer", "rise_nemo writes <run dir>/checkpoints itself"),
     ("rise_14b.yaml", "value.megatron_cfg.optimizer.lr", "only a method with a critic (ppo, rrl)"),
     ("rise_14b.yaml", "teacher.model_name", "only a distillation recipe"),
     ("rise_14b.yaml", "no_such_block.x", "nemo.no_such_block.x is not used on backend nemo"),
@@ -163,7 +163,8 @@ def test_nemo_keys_nothing_reads_are_refused(recipe, key, fragment):
                                          ("opd_14b_teacher32b.yaml", "loss_fn.kl_type"),
                                          ("rise_14b.yaml", "policy.generation.vllm_cfg.gpu_memory_utilization"),
                                          ("ppo_math_7b.yaml", "value.megatron_cfg.optimizer.lr"),
-                                         ("rise_14b.yaml", "cluster.master_port_range_low")])
+                                         ("rise_14b.yaml", "cluster.master_port_range_low"),
+                                         ("rise_14b.yaml", "checkpointing.save_consolidated")])
 def test_nemo_keys_a_component_reads_pass(recipe, key):
     validate_nemo_block(_broken(recipe, lambda t: _set(t["nemo"], key, 1)))
 

@@ -136,11 +136,13 @@ def build_critic(cfg: Any, policy: Any, *, checkpoint: str | Path | None = None)
         raise NemoConfigError(f"method {recipe.get('method')!r} trains a value model: the recipe needs a "
                               "nemo.value block (see recipes/ppo_math_7b.yaml)")
     from rise_nemo.backends.nemo.checkpoints import model_dir
+    from rise_nemo.backends.nemo.config import check_dtensor_worker
     from rise_nemo.backends.nemo.critic import NemoCritic, build_value, value_config
     from rise_nemo.backends.nemo.placement import check_room, layout_line, placement_errors
 
     session = policy.session
     config = value_config(session.config["policy"], overrides)
+    check_dtensor_worker({"value": config}, blocks=("value",))  # a DTensor critic is NeMo-RL's v2 value worker
     resume = model_dir(checkpoint, "critic")
     layout = layout_line(recipe)
     # the value model is one more colocated worker group on the policy's cluster (placement.colocated_groups)
@@ -233,7 +235,10 @@ def build_backend(cfg: Any, *, checkpoint: str | Path | None = None, train_promp
         raise NemoPlacementError(f"NeMo-RL's grpo.setup built {train_cluster.name!r} for "
                                  f"{train_cluster.max_colocated_worker_groups} colocated worker group(s), not the "
                                  f"{groups} a critic needs ({layout})")
-    session = NemoSession(policy, generation, tokenizer, {"policy": master.policy}, refit=grpo.refit_policy_generation)
+    # the checkpointing block reaches the DTensor v2 workers' save (Automodel's format keys), as NeMo-RL's own
+    # loops pass it (ppo.py:1559-1571, grpo.py): they refuse to save without one
+    session = NemoSession(policy, generation, tokenizer, {"policy": master.policy, "checkpointing": master.checkpointing},
+                          refit=grpo.refit_policy_generation)
     session.resumed_from = resume
     session.train_cluster = train_cluster
     behaviour = (recipe["nemo"].get("adapter") or {}).get("importance_sampling", "none") == "behaviour_ratio"

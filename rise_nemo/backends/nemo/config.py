@@ -267,6 +267,7 @@ def build_master_config(recipe: Mapping[str, Any], run_dir: str) -> dict[str, An
                               "same shape)") from None
     master = OmegaConf.to_container(merged, resolve=True)
     check_dtensor_worker(master)
+    check_dtensor_top_p(master)
     return master
 
 
@@ -285,16 +286,49 @@ def shape_mismatch(base: Any, override: Any, prefix: str = "") -> str | None:
     return None
 
 
-def check_dtensor_worker(master: Mapping[str, Any]) -> None:
+def check_dtensor_top_p(master: Mapping[str, Any]) -> None:
+    """NeMo-RL v0.7.0's DTensor workers recompute log-probs under the generation's top-p. With plain (not
+    tensor-parallel) logits that goes through ``logits[:, :-1]`` then ``.view(-1, vocab)``
+    (nemo_rl/distributed/model_utils.py:1626-1631, algorithms/logits_sampling_utils.py:153), which raises
+    "view size is not compatible" whenever a micro-batch holds more than one row: found executing the DTensor
+    v2 policy worker in make test-nemo, and not CPU-specific (the slice is non-contiguous on any device).
+    Sequence packing (one packed row), a fixed micro-batch of 1, tensor parallelism or top_p 1 avoid it; dynamic
+    batching does not (its micro-batches hold several rows). Refuse the rest here, naming our key, instead of
+    failing inside the first train call. (The worker's log-prob pass filters the whole, contiguous logits first:
+    nemo_rl/models/automodel/train.py:826-843, so only the loss is affected.)"""
+    policy = master.get("policy") or {}
+    dtensor = policy.get("dtensor_cfg") or {}
+    top_p = float((policy.get("generation") or {}).get("top_p", 1.0) or 1.0)
+    if not dtensor.get("enabled") or top_p >= 1.0 or int(dtensor.get("tensor_parallel_size", 1) or 1) > 1:
+        return
+    if (policy.get("sequence_packing") or {}).get("enabled"):
+        return
+    dynamic = bool((policy.get("dynamic_batching") or {}).get("enabled"))
+    if not dynamic and int(policy.get("train_micro_batch_size", 1) or 1) <= 1:
+        return
+    rows = "dynamic batching is on" if dynamic else f"train_micro_batch_size is {policy.get('train_micro_batch_size')}"
+    raise NemoConfigError(
+        f"recipe key sampling.top_p: {top_p} < 1 on a DTensor policy with tensor_parallel_size 1, sequence packing "
+        f"off and {rows} fails in NeMo-RL v0.7.0's first train call (its top-p log-prob path views a non-contiguous "
+        f"slice when a micro-batch has more than one row); turn on nemo.policy.sequence_packing.enabled, set "
+        f"nemo.policy.train_micro_batch_size: 1 with dynamic batching off, or sampling.top_p: 1.0")
+
+
+def check_dtensor_worker(master: Mapping[str, Any], blocks: tuple[str, ...] = ("policy", "teacher")) -> None:
     """A DTensor policy (or teacher) with ``dtensor_cfg._v2: true`` runs NeMo-RL's DTensor v2 worker, which
     imports nemo_automodel (nemo_rl/models/policy/lm_policy.py:134-138). NeMo-RL's base config sets ``_v2:
     true`` (examples/configs/grpo_math_1B.yaml), so a recipe that only turns DTensor on inherits it; where
     nemo_automodel is not installed, say so here, naming the key, instead of failing inside a Ray worker."""
     import importlib.util
 
-    for block in ("policy", "teacher"):
+    for block in blocks:
         dtensor = (master.get(block) or {}).get("dtensor_cfg") or {}
         if dtensor.get("enabled") and dtensor.get("_v2", False) and importlib.util.find_spec("nemo_automodel") is None:
+            if block == "value":
+                raise NemoConfigError(
+                    "recipe key nemo.policy.dtensor_cfg.enabled: a DTensor policy's critic is NeMo-RL's DTensor v2 value "
+                    "worker (its only DTensor one), which needs nemo_automodel (not installed); install it, or train on "
+                    "Megatron (nemo.policy.megatron_cfg.enabled: true)")
             raise NemoConfigError(
                 f"recipe key nemo.{block}.dtensor_cfg._v2: true (NeMo-RL's base config sets it) runs the DTensor v2 "
                 f"worker, which needs nemo_automodel (not installed); install it, or set "

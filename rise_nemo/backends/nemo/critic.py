@@ -170,8 +170,11 @@ class NemoCritic:
         path = Path(path)
         self.session.offload_policy()
         self.value.prepare_for_training()
+        # checkpointing_cfg: the DTensor v2 value worker refuses to save without it (automodel/checkpoint.py:280-283;
+        # ppo.py:1571 passes master_config.checkpointing); the Megatron worker ignores it
         self.value.save_checkpoint(weights_path=str(path / "weights"), optimizer_path=str(path / "optimizer"),
-                                   tokenizer_path=str(path / "tokenizer"))
+                                   tokenizer_path=str(path / "tokenizer"),
+                                   checkpointing_cfg=self.session.config.get("checkpointing"))
         self.value.finish_training()
 
     def load_checkpoint(self, path: str | Path) -> None:

@@ -83,6 +83,8 @@ class KeyRule:
 
 
 _LOOP = "rise_nemo's loop runs the method's own step, not NeMo-RL's grpo_train, the only reader of this key"
+_AUTOMODEL_SAVE = ("the DTensor v2 workers' checkpoint save, from the checkpointing block rise_nemo passes with "
+                   "each save (nemo_rl/models/automodel/checkpoint.py:285-296)")
 _LOGGER = ("on backend nemo the loop logs metrics.jsonl itself and TensorBoard / W&B through train.tensorboard / "
            "train.wandb; NeMo-RL's Logger is not fed by it (its GPU monitor neither)")
 
@@ -95,6 +97,9 @@ RULES: dict[str, tuple[KeyRule, ...]] = {
                 "/ train.keep_checkpoints (NeMo-RL's CheckpointManager stays off)"),
         KeyRule("checkpointing.pretrained_checkpoint", READ, "grpo.setup, which hands it to the Policy "
                 "(grpo.py:299-301)"),
+        *(KeyRule(f"checkpointing.{k}", READ, _AUTOMODEL_SAVE) for k in (
+            "model_save_format", "save_consolidated", "is_peft", "peft_config", "model_cache_dir", "model_repo_id",
+            "is_async")),
         KeyRule("loss_fn", REFUSED, "the loss on backend nemo is rise_nemo's (policy_loss:); NeMo-RL's "
                 "ClippedPGLossFn, which grpo.setup builds, is never called"),
         KeyRule("grpo", REFUSED, _LOOP),

@@ -289,9 +289,16 @@ class NemoPolicy:
     def save_checkpoint(self, path: str | Path) -> None:
         path = Path(path)
         self.session.to_training()  # weights may be offloaded after an evaluation's refit
+        # The checkpointing block only for NeMo-RL's DTensor v2 worker, which refuses to save without it
+        # (automodel/checkpoint.py:280-283); lm_policy.py:1067-1084 raises for any other worker when it carries a
+        # model_save_format, as NeMo-RL's base config does.
+        config = self.session.config
+        dtensor = (config.get("policy") or {}).get("dtensor_cfg") or {}
+        v2 = bool(dtensor.get("enabled") and dtensor.get("_v2"))
+        extra = {"checkpointing_cfg": config.get("checkpointing")} if v2 else {}
         self.session.policy.save_checkpoint(
             weights_path=str(path / "weights"), optimizer_path=str(path / "optimizer"),
-            tokenizer_path=str(path / "tokenizer"),
+            tokenizer_path=str(path / "tokenizer"), **extra,
         )
 
     def load_checkpoint(self, path: str | Path) -> None:
