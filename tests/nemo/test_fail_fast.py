@@ -180,3 +180,67 @@ def test_fail_fast_lets_an_error_propagate_when_nothing_can_hang(tmp_path, capsy
     finally:
         release.set()
         worker.join()
+
+
+EXIT_DRIVER = textwrap.dedent('''
+    import sys
+    sys.path[:0] = [{tests_root!r}]
+    import ray
+    from private_ray import init_local
+
+    from rise_nemo.backends.nemo.failfast import shut_down_at_exit
+
+    init_local(num_cpus=1, log_to_driver=False)
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def cleanup(self):
+            return True
+
+    class Generation:
+        """NeMo-RL's VllmGeneration / Policy / Value in miniature: shutdown() calls its Ray workers and empties
+        the group; __del__ calls shutdown() as a safety net (vllm_generation.py:1048-1055)."""
+
+        def __init__(self):
+            self.workers = [Worker.remote()]
+
+        def shutdown(self):
+            if not self.workers:
+                return True
+            ray.get([w.cleanup.remote() for w in self.workers], timeout=30)
+            print("shut down while Ray was up:", ray.is_initialized(), flush=True)
+            self.workers = []
+            return True
+
+        def __del__(self):
+            self.shutdown()
+
+    KEPT = Generation()  # alive until the interpreter exits, as the async engine's generation was
+    if {register!r}:
+        shut_down_at_exit(KEPT)
+    print("run finished", flush=True)
+''')
+
+
+def test_workers_alive_at_exit_are_shut_down_before_ray(tmp_path):
+    """An object holding Ray workers that lives until the interpreter exits is shut down by the hook while Ray is
+    still up, and the process ends. Without the hook this driver never shuts its workers down while Ray is up (the
+    last line is missing: checked); NeMo-RL's VllmGeneration, left to its __del__ after Ray's atexit shutdown,
+    started Ray again during finalisation and `rise-nemo train` on the async vLLM engine hung after its run."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(EXIT_DRIVER.format(tests_root=str(Path(__file__).parents[1]), register=True))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    try:
+        proc = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, timeout=BOUND_S,
+                              env=env, cwd=work)
+    except subprocess.TimeoutExpired as exc:
+        for pid in _started_in(work):
+            os.kill(pid, 9)
+        pytest.fail(f"the driver did not exit within {BOUND_S} s (stdout: {exc.stdout!r})")
+    for pid in _started_in(work):
+        os.kill(pid, 9)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-2:] == ["run finished", "shut down while Ray was up: True"], proc.stdout

@@ -195,6 +195,7 @@ def build_value(train_cluster: Any, tokenizer: Any, config: Mapping[str, Any], r
     from nemo_rl.models.value.lm_value import Value
 
     from rise_nemo.backends.nemo import resume_paths
+    from rise_nemo.backends.nemo.failfast import shut_down_at_exit
 
     # The policy's resume rule (NeMo-RL's get_resume_paths): a Megatron value worker keeps its optimizer and
     # LR scheduler inside weights/ (megatron_value_worker.py:964-1010), a DTensor one in optimizer/.
@@ -203,6 +204,7 @@ def build_value(train_cluster: Any, tokenizer: Any, config: Mapping[str, Any], r
         policy.offload_after_refit()
     value = Value(cluster=train_cluster, config=dict(config), tokenizer=tokenizer, name_prefix="lm_value",
                   weights_path=weights, optimizer_path=optimizer, init_optimizer=True)
+    shut_down_at_exit(value)  # while Ray is still up, not in its __del__ after it
     value.finish_training()
     if policy is not None:
         policy.prepare_for_training()

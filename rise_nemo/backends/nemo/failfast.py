@@ -23,14 +23,17 @@ Nothing in the run directory is deleted or rewritten: checkpoints written before
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
 import sys
 import threading
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 SHUTDOWN_TIMEOUT_S = 60.0
 # The fail_fast contexts open in this process, innermost last: (command, run_dir) for ``abort``.
@@ -50,6 +53,45 @@ def one_line(exc: BaseException) -> str:
     text = re.sub(r"\x1b\[[0-9;]*m", "", text).strip()  # Ray colours the remote function name
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     return f"{type(exc).__name__}{where}: {first}" if first else f"{type(exc).__name__}{where}"
+
+
+def shut_down_at_exit(*workers: Any) -> None:
+    """Shut NeMo-RL's worker objects (``Policy``, ``VllmGeneration``, ``Value``) down when the interpreter
+    exits, BEFORE Ray's own atexit ``ray.shutdown()``.
+
+    Each of them shuts its Ray workers down in ``__del__`` through actor calls. One still alive at exit (held by
+    a reference cycle or a module global) is collected only after Ray's atexit hook has shut Ray down; its actor
+    call then starts Ray again while the interpreter finalises, and the process never ends: `rise-nemo train` on
+    the async vLLM engine finished its run and hung in ``VllmGeneration.__del__`` -> ``ray.init`` ->
+    ``Thread.start`` (make test-nemo, 2026-12-04). atexit runs its hooks last in, first out, and Ray registers
+    its hook when ``ray`` is imported, so this one runs first; ``worker_group.shutdown`` empties the group, so
+    ``__del__`` finds nothing left to do. Weak references: an object collected earlier is skipped, and one that
+    cannot be referenced weakly (a test's stand-in) is not registered."""
+    refs = []
+    for worker in workers:
+        try:
+            refs.append(weakref.ref(worker))
+        except TypeError:
+            continue
+    if not refs:
+        return
+
+    def stop() -> None:
+        ray = sys.modules.get("ray")
+        if ray is None or not ray.is_initialized():
+            return
+        for ref in refs:
+            worker = ref()
+            shutdown = getattr(worker, "shutdown", None)
+            if not callable(shutdown):
+                continue
+            try:
+                shutdown()
+            except Exception as exc:  # noqa: BLE001 - the process is exiting: report, never block the exit
+                print(f"rise-nemo: shutting {type(worker).__name__} down at exit failed: {one_line(exc)}",
+                      file=sys.stderr)
+
+    atexit.register(stop)
 
 
 def shutdown_ray(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:

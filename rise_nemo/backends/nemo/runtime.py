@@ -30,6 +30,7 @@ from rise_nemo.backends.nemo.batch import (
     sum_microbatch_metrics,
     to_nemo_train_batch,
 )
+from rise_nemo.backends.nemo.failfast import shut_down_at_exit
 from rise_nemo.backends.nemo.loss import RiseLossFunction
 from rise_nemo.core.losses import loss_needs_prev_logprobs, loss_needs_reference_logprobs
 from rise_nemo.interfaces import KIND_NATURAL, GenerationRequest, LossFn, OnRollout, Rollout, SamplingParams
@@ -63,6 +64,7 @@ class NemoSession:
         self.colocated = bool(master_config["policy"]["generation"]["colocated"]["enabled"])
         self.refit = refit  # nemo_rl.algorithms.grpo.refit_policy_generation
         self.to_batched = to_batched
+        shut_down_at_exit(policy, generation)  # while Ray is still up, not in their __del__ after it
         self.stale = True  # vLLM holds weights older than the policy's
         self.generating = False
         self.refits = 0
