@@ -82,12 +82,19 @@ NEMO_NODEPS := .ci/requirements-nemo-rl-nodeps.txt
 NEMO_TESTS ?= tests/nemo
 NEMO_AUTOMODEL_DIR ?= $(NEMO_RL_DIR)/3rdparty/Automodel-workspace/Automodel
 .PHONY: test-nemo
-$(NEMO_VENV)/.installed: $(CONSTRAINTS) $(NEMO_REQUIREMENTS) $(NEMO_NODEPS) pyproject.toml
+# Two stages: the third-party packages (.deps: nothing in the checkout is written, so .ci/run installs them while
+# `make test` runs), then this package, editable (.installed).
+.PHONY: nemo-deps
+nemo-deps: $(NEMO_VENV)/.deps
+$(NEMO_VENV)/.deps: $(CONSTRAINTS) $(NEMO_REQUIREMENTS) $(NEMO_NODEPS)
 	test -x $(NEMO_VENV)/bin/python || $(PYTHON) -m venv $(NEMO_VENV)
 	$(NEMO_VENV)/bin/pip install -q --upgrade pip
 	$(NEMO_VENV)/bin/pip install -q -c $(CONSTRAINTS) torch==2.13.0
 	$(NEMO_VENV)/bin/pip install -q -c $(CONSTRAINTS) -r $(NEMO_REQUIREMENTS)
 	$(NEMO_VENV)/bin/pip install -q --no-deps -r $(NEMO_NODEPS)
+	touch $@
+
+$(NEMO_VENV)/.installed: $(NEMO_VENV)/.deps pyproject.toml
 	$(NEMO_VENV)/bin/pip install -q -c $(CONSTRAINTS) -e '.[local,judge,math,dev]'
 	$(NEMO_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	$(NEMO_VENV)/bin/python tests/nemo/nemo_venv.py write-sitecustomize
