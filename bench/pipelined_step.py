@@ -183,13 +183,13 @@ def build_generator(work: Path, prompts, args):
 
     register_omegaconf_resolvers()  # ${mul:...} in NeMo-RL's example configs
     base = load_config(Path(os.environ["NEMO_RL_DIR"]) / "examples/configs/grpo_math_1B.yaml")
-    base.policy.max_total_sequence_length = 768
+    base.policy.max_total_sequence_length = 1536
     g = base.policy.generation
     g.max_new_tokens, g.temperature, g.top_p, g.model_name = args.max_new_tokens, 1.0, 1.0, str(model)
     g.stop_token_ids = stops
     g.colocated.enabled = False  # no policy shares the "GPU": vLLM stays awake
     for key, value in dict(async_engine=True, precision="float32", enforce_eager=True, enable_prefix_caching=False,
-                           max_model_len=768, gpu_memory_utilization=0.5, use_tqdm=False, load_format="auto",
+                           max_model_len=1536, gpu_memory_utilization=0.5, use_tqdm=False, load_format="auto",
                            tensor_parallel_size=1, pipeline_parallel_size=1, expert_parallel_size=1).items():
         g.vllm_cfg[key] = value
     config = configure_generation_config(OmegaConf.to_container(base, resolve=True)["policy"]["generation"], tokenizer)
@@ -356,9 +356,9 @@ def main(argv=None) -> int:
     finally:
         for server in servers:
             server.stop()
-        import ray
+        from rise_nemo.backends.nemo.failfast import shutdown_ray
 
-        ray.shutdown()
+        shutdown_ray()  # vLLM's workers first: left to VllmGeneration.__del__ after Ray is down, the exit would hang
         stop_head(head)
         shutil.rmtree(work, ignore_errors=True)
 

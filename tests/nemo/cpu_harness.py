@@ -369,6 +369,19 @@ def patch_vllm_and_refit() -> None:
         module.AsyncLLM.wake_up = _no_op
 
     after_import("vllm.engine.arg_utils", no_async_sleep)
+
+    # 10c. No chunked prefill. A request whose prompt is only partly prefilled in a step has its sampled token
+    #      discarded, and for a seeded request vLLM then rewinds its generator (v1/worker/gpu_model_runner.py:3750,
+    #      ``gen.set_offset(gen.get_offset() - 4)``): a CUDA generator has an offset, a CPU one raises "CPU Generator
+    #      does not use offset" and the engine dies. Every request here is seeded (seeded_workers), and a step of
+    #      many concurrent prompts (the async engine's stream, bench/pipelined_step.py) outruns the token budget.
+    #      Without chunked prefill vLLM raises max_num_batched_tokens to max_model_len (arg_utils.py:2755) and
+    #      prefills each prompt whole. GPU runs keep vLLM's default.
+    def no_chunked_prefill(module):
+        _force_kwarg(module.EngineArgs, "enable_chunked_prefill", False)
+        _force_kwarg(module.AsyncEngineArgs, "enable_chunked_prefill", False)
+
+    after_import("vllm.engine.arg_utils", no_chunked_prefill)
     after_import("vllm.v1.engine.async_llm", no_async_llm_sleep)
 
     # 11. nemo_rl/models/generation/vllm/quantization/fp8.py:23 imports vLLM 0.20's FusedMoE class, which the

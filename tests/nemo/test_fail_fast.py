@@ -219,16 +219,21 @@ EXIT_DRIVER = textwrap.dedent('''
     if {register!r}:
         shut_down_at_exit(KEPT)
     print("run finished", flush=True)
+    if {end_ray!r}:  # a script that ends Ray itself, as bench/pipelined_step.py does
+        from rise_nemo.backends.nemo.failfast import shutdown_ray
+        print("ray down:", shutdown_ray(60), flush=True)
 ''')
 
 
-def test_workers_alive_at_exit_are_shut_down_before_ray(tmp_path):
-    """An object holding Ray workers that lives until the interpreter exits is shut down by the hook while Ray is
-    still up, and the process ends. Without the hook this driver never shuts its workers down while Ray is up (the
-    last line is missing: checked); NeMo-RL's VllmGeneration, left to its __del__ after Ray's atexit shutdown,
-    started Ray again during finalisation and `rise-nemo train` on the async vLLM engine hung after its run."""
+@pytest.mark.parametrize("end_ray", [False, True], ids=["exit", "shutdown_ray"])
+def test_workers_alive_at_exit_are_shut_down_before_ray(tmp_path, end_ray):
+    """An object holding Ray workers that lives until the interpreter exits is shut down while Ray is still up, and
+    the process ends: by the atexit hook, or first thing in ``shutdown_ray`` when the script ends Ray itself.
+    Without the hook this driver never shuts its workers down while Ray is up (the line is missing: checked);
+    NeMo-RL's VllmGeneration, left to its __del__ after Ray was shut down, started Ray again during finalisation:
+    `rise-nemo train` on the async vLLM engine hung after its run, bench/pipelined_step.py after an error."""
     driver = tmp_path / "driver.py"
-    driver.write_text(EXIT_DRIVER.format(tests_root=str(Path(__file__).parents[1]), register=True))
+    driver.write_text(EXIT_DRIVER.format(tests_root=str(Path(__file__).parents[1]), register=True, end_ray=end_ray))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
     work = tmp_path / "cwd"
@@ -243,4 +248,5 @@ def test_workers_alive_at_exit_are_shut_down_before_ray(tmp_path):
     for pid in _started_in(work):
         os.kill(pid, 9)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-2:] == ["run finished", "shut down while Ray was up: True"], proc.stdout
+    expected = ["run finished", "shut down while Ray was up: True"] + (["ray down: True"] if end_ray else [])
+    assert proc.stdout.splitlines()[-len(expected):] == expected, proc.stdout

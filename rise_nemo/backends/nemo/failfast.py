@@ -55,48 +55,57 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}{where}: {first}" if first else f"{type(exc).__name__}{where}"
 
 
-def shut_down_at_exit(*workers: Any) -> None:
-    """Shut NeMo-RL's worker objects (``Policy``, ``VllmGeneration``, ``Value``) down when the interpreter
-    exits, BEFORE Ray's own atexit ``ray.shutdown()``.
+# NeMo-RL worker objects registered by ``shut_down_at_exit`` (weak references), shut down by ``shut_down_workers``.
+_LIVE_WORKERS: list[weakref.ref] = []
+_EXIT_HOOK_REGISTERED = False
 
-    Each of them shuts its Ray workers down in ``__del__`` through actor calls. One still alive at exit (held by
-    a reference cycle or a module global) is collected only after Ray's atexit hook has shut Ray down; its actor
-    call then starts Ray again while the interpreter finalises, and the process never ends: `rise-nemo train` on
+
+def shut_down_at_exit(*workers: Any) -> None:
+    """Shut NeMo-RL's worker objects (``Policy``, ``VllmGeneration``, ``Value``) down while Ray is still up: when
+    the interpreter exits, BEFORE Ray's own atexit ``ray.shutdown()``, or earlier in ``shutdown_ray``.
+
+    Each of them shuts its Ray workers down in ``__del__`` through actor calls. One still alive after Ray has shut
+    down (held by a reference cycle, a module global or an exception's traceback) is collected later; its actor
+    call then starts Ray again, while the interpreter finalises, and the process never ends: `rise-nemo train` on
     the async vLLM engine finished its run and hung in ``VllmGeneration.__del__`` -> ``ray.init`` ->
-    ``Thread.start`` (make test-nemo, 2026-12-04). atexit runs its hooks last in, first out, and Ray registers
-    its hook when ``ray`` is imported, so this one runs first; ``worker_group.shutdown`` empties the group, so
-    ``__del__`` finds nothing left to do. Weak references: an object collected earlier is skipped, and one that
-    cannot be referenced weakly (a test's stand-in) is not registered."""
-    refs = []
+    ``Thread.start`` (make test-nemo, 2026-12-04), and bench/pipelined_step.py, after an error and its own
+    ``ray.shutdown()``, hung in the same call. atexit runs its hooks last in, first out, and Ray registers its hook
+    when ``ray`` is imported, so this one (registered once, at the first call, after that import) runs first;
+    ``worker_group.shutdown`` empties the group, so ``__del__`` finds nothing left to do. Weak references: an
+    object collected earlier is skipped, and one that cannot be referenced weakly (a test's stand-in) is not
+    registered."""
+    global _EXIT_HOOK_REGISTERED
     for worker in workers:
         try:
-            refs.append(weakref.ref(worker))
+            _LIVE_WORKERS.append(weakref.ref(worker))
         except TypeError:
             continue
-    if not refs:
+    if _LIVE_WORKERS and not _EXIT_HOOK_REGISTERED:
+        atexit.register(shut_down_workers)
+        _EXIT_HOOK_REGISTERED = True
+
+
+def shut_down_workers() -> None:
+    """Shut every registered worker object still alive down, newest first (Ray must be up: without it there is
+    nothing to call). NeMo-RL bounds each group's graceful cleanup (30 s) before it kills the actors."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
         return
-
-    def stop() -> None:
-        ray = sys.modules.get("ray")
-        if ray is None or not ray.is_initialized():
-            return
-        for ref in refs:
-            worker = ref()
-            shutdown = getattr(worker, "shutdown", None)
-            if not callable(shutdown):
-                continue
-            try:
-                shutdown()
-            except Exception as exc:  # noqa: BLE001 - the process is exiting: report, never block the exit
-                print(f"rise-nemo: shutting {type(worker).__name__} down at exit failed: {one_line(exc)}",
-                      file=sys.stderr)
-
-    atexit.register(stop)
+    while _LIVE_WORKERS:
+        worker = _LIVE_WORKERS.pop()()
+        shutdown = getattr(worker, "shutdown", None)
+        if not callable(shutdown):
+            continue
+        try:
+            shutdown()
+        except Exception as exc:  # noqa: BLE001 - shutting down: report, never block the exit
+            print(f"rise-nemo: shutting {type(worker).__name__} down failed: {one_line(exc)}", file=sys.stderr)
 
 
 def shutdown_ray(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:
-    """``ray.shutdown()`` in a daemon thread, waited for at most ``timeout_s``; True when it finished (or Ray
-    was never started in this process)."""
+    """The registered worker objects, then ``ray.shutdown()``, in a daemon thread waited for at most
+    ``timeout_s``; True when it finished (or Ray was never started in this process). A script that ends Ray
+    itself calls this instead of ``ray.shutdown()``, so no worker object outlives Ray (``shut_down_at_exit``)."""
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return True
@@ -104,6 +113,7 @@ def shutdown_ray(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:
 
     def stop() -> None:
         try:
+            shut_down_workers()
             ray.shutdown()
         finally:
             done.set()
