@@ -40,7 +40,9 @@ Targets (judge ~ as slow as generation): pipelined_ratio <= 1.15, speedup >= 1.4
     NEMO_RL_DIR=... .venv-nemo/bin/python bench/pipelined_step.py [--prompts 16] [--group-size 8] [--repeats 3]
 
 Last line: RESULT pipelined_ratio=<1x> speedup=<1x> identical_batches=<0|1> pipelined_ratio_2x=<> speedup_2x=<>
-judge_over_gen=<measured, 1x> judge_over_gen_2x=<>
+judge_over_gen=<measured, 1x> judge_over_gen_2x=<> tail_share=<1x> tail_share_2x=<>
+(tail_share: the pipelined arm's two judging tails, after the last natural and after the last privileged response,
+over the same bound as pipelined_ratio: what the ratio holds beyond the generation and judging it overlaps)
 """
 
 from __future__ import annotations
@@ -237,14 +239,46 @@ def build_context(generator, judge, args, pipelined: bool):
                               request_seeds=True, pipelined=pipelined)
 
 
-def run_arm(ctx, prompts, step: int):
-    """One rollout phase and the training batch built from it: (phase, batch, wall seconds)."""
+def stamp_rollouts(generator) -> dict:
+    """Record, per generate call of a stream ("natural", "privileged"), when its last response arrived: the
+    pipelined arm's tails (``tails``). The generator's own ``open_stream`` is wrapped on this one object."""
+    last: dict = {}
+    open_stream = generator.open_stream
+
+    def stamped_open_stream(on_rollout):
+        def stamped(tag, slot, j, item):
+            last[tag] = time.perf_counter()
+            on_rollout(tag, slot, j, item)
+
+        return open_stream(stamped)
+
+    generator.open_stream = stamped_open_stream
+    return last
+
+
+def tails(phase, t0: float, last: dict) -> tuple[float, float, float, float]:
+    """Pipelined arm: (natural generation, its judging tail, privileged generation after it, the last tail), in
+    seconds: the last natural response at t0 + g1, every natural verdict g1 + j1, the last privileged response
+    g1 + j1 + g2, the last verdict g1 + j1 + g2 + j2."""
+    g1 = last["natural"] - t0
+    j1 = phase.t_natural - last["natural"]
+    end_gen = last.get("privileged", phase.t_natural)
+    return g1, j1, max(0.0, end_gen - phase.t_natural), phase.t_priv - max(end_gen, phase.t_natural)
+
+
+def run_arm(ctx, prompts, step: int, last: dict | None = None):
+    """One rollout phase and the training batch built from it: (phase, batch, wall seconds); for a pipelined arm
+    with ``last`` (stamp_rollouts) the phase's ``tails`` in ``phase.timings["tails"]``."""
     from rise_nemo.steps import rubric
 
     plan = rubric.phase_plan(ctx, prompts, True)
+    if last is not None:
+        last.clear()
     t0 = time.perf_counter()
     phase = rubric.collect_rollouts(ctx, prompts, step, plan)
     seconds = time.perf_counter() - t0
+    if last is not None and ctx.pipelined and "natural" in last:
+        phase.timings["tails"] = tails(phase, t0, last)
     samples, _ = rubric.training_samples(ctx, prompts, phase)
     return phase, rubric.build_batch(samples, ctx.pad_id), seconds
 
@@ -285,6 +319,7 @@ def main(argv=None) -> int:
 
         prompts = healthbench_prompts(args.prompts)
         generator, generation = build_generator(work, prompts, args)
+        last = stamp_rollouts(generator)
 
         def judge_for(server: JudgeServer, slots: int | None):
             return build_http_judge({"type": "http", "mode": "batched", "model": "rule-grader", "base_urls": [server.url],
@@ -316,14 +351,15 @@ def main(argv=None) -> int:
             servers.append(server)
             judge = judge_for(server, slots)
             pooled = {"seq": 0.0, "pipe": 0.0, "bound": 0.0, "gen": 0.0, "judge": 0.0}
+            tail_sums = [0.0, 0.0, 0.0, 0.0]
             identical, gap = True, 0.0
             for r in range(args.repeats):
                 step = 100 + r
                 order = [False, True] if r % 2 == 0 else [True, False]
                 arms = {}
                 for pipelined in order:
-                    arms[pipelined] = run_arm(build_context(generator, judge, args, pipelined), prompts, step)
-                (seq_phase, seq_batch, seq_s), (_, pipe_batch, pipe_s) = arms[False], arms[True]
+                    arms[pipelined] = run_arm(build_context(generator, judge, args, pipelined), prompts, step, last)
+                (seq_phase, seq_batch, seq_s), (pipe_phase, pipe_batch, pipe_s) = arms[False], arms[True]
                 t = seq_phase.timings
                 gen = t["natural_generation_s"] + t.get("privileged_generation_s", 0.0)
                 jud = t["natural_judging_s"] + t.get("privileged_judging_s", 0.0)
@@ -332,25 +368,32 @@ def main(argv=None) -> int:
                 for key, value in (("seq", seq_s), ("pipe", pipe_s), ("bound", max(gen, jud)), ("gen", gen),
                                    ("judge", jud)):
                     pooled[key] += value
+                parts = pipe_phase.timings.get("tails", (math.nan,) * 4)
+                tail_sums = [x + y for x, y in zip(tail_sums, parts)]
                 rows.append((setting, r, gen, jud, seq_s, pipe_s, pipe_s / max(gen, jud), seq_s / pipe_s, same))
                 print(f"setting {setting:g}x repeat {r}: generation {gen:.2f} s, judging {jud:.2f} s, sequential "
                       f"{seq_s:.2f} s, pipelined {pipe_s:.2f} s (ratio {pipe_s / max(gen, jud):.3f}, speedup "
-                      f"{seq_s / pipe_s:.2f}), identical {same} (log-prob gap {diff:.1e})", flush=True)
+                      f"{seq_s / pipe_s:.2f}), identical {same} (log-prob gap {diff:.1e}); pipelined: natural "
+                      f"generated {parts[0]:.2f} s, +{parts[1]:.2f} s to its last verdict, privileged generated "
+                      f"+{parts[2]:.2f} s, +{parts[3]:.2f} s to the last verdict", flush=True)
             results[setting] = (pooled["pipe"] / pooled["bound"], pooled["seq"] / pooled["pipe"],
-                                pooled["judge"] / pooled["gen"], identical, gap, a, b)
+                                pooled["judge"] / pooled["gen"], identical, gap, a, b,
+                                (tail_sums[1] + tail_sums[3]) / pooled["bound"])
             server.stop()
             servers.remove(server)
         print("\n| judge / generation (target) | measured | a (s) | b (s/token) | C | sequential / pipelined "
-              "(speedup) | pipelined / max(gen, judge) | identical batches |\n|---|---|---|---|---|---|---|---|")
-        for setting, (ratio, speedup, measured, same, gap, a, b) in results.items():
+              "(speedup) | pipelined / max(gen, judge) | judging tails / max(gen, judge) | identical batches |"
+              "\n|---|---|---|---|---|---|---|---|---|")
+        for setting, (ratio, speedup, measured, same, gap, a, b, tail) in results.items():
             print(f"| {setting:g}x | {measured:.2f} | {a:.4f} | {b:.5f} | {slots} | {speedup:.2f} | {ratio:.3f} | "
-                  f"{int(same)} (log-prob gap {gap:.1e}) |")
+                  f"{tail:.3f} | {int(same)} (log-prob gap {gap:.1e}) |")
         first, second = args.settings[0], args.settings[-1]
         ok = all(v[3] for v in results.values())
         print(f"RESULT pipelined_ratio={results[first][0]:.3f} speedup={results[first][1]:.2f} "
               f"identical_batches={int(ok)} pipelined_ratio_2x={results[second][0]:.3f} "
               f"speedup_2x={results[second][1]:.2f} judge_over_gen={results[first][2]:.2f} "
-              f"judge_over_gen_2x={results[second][2]:.2f}", flush=True)
+              f"judge_over_gen_2x={results[second][2]:.2f} tail_share={results[first][7]:.3f} "
+              f"tail_share_2x={results[second][7]:.3f}", flush=True)
         generation.shutdown()
         return 0
     finally:
