@@ -351,7 +351,7 @@ def main(argv=None) -> int:
             servers.append(server)
             judge = judge_for(server, slots)
             pooled = {"seq": 0.0, "pipe": 0.0, "bound": 0.0, "gen": 0.0, "judge": 0.0}
-            tail_sums = [0.0, 0.0, 0.0, 0.0]
+            tail_s = 0.0  # the pipelined arm's two judging tails, summed over repeats
             identical, gap = True, 0.0
             for r in range(args.repeats):
                 step = 100 + r
@@ -369,7 +369,7 @@ def main(argv=None) -> int:
                                    ("judge", jud)):
                     pooled[key] += value
                 parts = pipe_phase.timings.get("tails", (math.nan,) * 4)
-                tail_sums = [x + y for x, y in zip(tail_sums, parts)]
+                tail_s += parts[1] + parts[3]
                 rows.append((setting, r, gen, jud, seq_s, pipe_s, pipe_s / max(gen, jud), seq_s / pipe_s, same))
                 print(f"setting {setting:g}x repeat {r}: generation {gen:.2f} s, judging {jud:.2f} s, sequential "
                       f"{seq_s:.2f} s, pipelined {pipe_s:.2f} s (ratio {pipe_s / max(gen, jud):.3f}, speedup "
@@ -378,7 +378,7 @@ def main(argv=None) -> int:
                       f"+{parts[2]:.2f} s, +{parts[3]:.2f} s to the last verdict", flush=True)
             results[setting] = (pooled["pipe"] / pooled["bound"], pooled["seq"] / pooled["pipe"],
                                 pooled["judge"] / pooled["gen"], identical, gap, a, b,
-                                (tail_sums[1] + tail_sums[3]) / pooled["bound"])
+                                tail_s / pooled["bound"])
             server.stop()
             servers.remove(server)
         print("\n| judge / generation (target) | measured | a (s) | b (s/token) | C | sequential / pipelined "

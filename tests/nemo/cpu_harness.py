@@ -369,6 +369,7 @@ def patch_vllm_and_refit() -> None:
         module.AsyncLLM.wake_up = _no_op
 
     after_import("vllm.engine.arg_utils", no_async_sleep)
+    after_import("vllm.v1.engine.async_llm", no_async_llm_sleep)
 
     # 10c. No chunked prefill. A request whose prompt is only partly prefilled in a step has its sampled token
     #      discarded, and for a seeded request vLLM then rewinds its generator (v1/worker/gpu_model_runner.py:3750,
@@ -382,7 +383,6 @@ def patch_vllm_and_refit() -> None:
         _force_kwarg(module.AsyncEngineArgs, "enable_chunked_prefill", False)
 
     after_import("vllm.engine.arg_utils", no_chunked_prefill)
-    after_import("vllm.v1.engine.async_llm", no_async_llm_sleep)
 
     # 11. nemo_rl/models/generation/vllm/quantization/fp8.py:23 imports vLLM 0.20's FusedMoE class, which the
     #     CPU build we can install (0.27, the oldest for torch 2.13) no longer has; NeMo-RL uses it only in
