@@ -8,7 +8,11 @@ What runs (the NeMo-RL venv of `make test-nemo`, NeMo-RL v0.7.0 from $NEMO_RL_DI
   geometric lengths, mean ~vocab/stop-tokens, cut at ``--max-new-tokens``), so responses finish at different times
   as real ones do. The CUDA-only parts of NeMo-RL are patched by tests/nemo/cpu_harness.py, as in make test-nemo;
 - judging: rise_nemo's HTTP judge (batched mode, ``--batch-size`` criteria per call) against the rule grader server
-  (rise_nemo.judges.rule_server, its own process) answering as a modelled LLM judge;
+  (rise_nemo.judges.rule_server, its own process) answering as a modelled LLM judge. The client's
+  ``judge.max_concurrency`` is the judge's own C (``--client-concurrency`` to change it), so the calls that wait
+  wait in the client, where the pipelined step's stream orders them (steps.judged_stream: groups whose responses
+  are all generated first, natural before privileged); with a larger client limit they wait in the judge's
+  first-come queue (4C was this bench's setting until 2026-12-04);
 - the step: rise_nemo's rubric step (RISE-RL, two-pass guidance) on the first ``--prompts`` HealthBench prompts of
   the sample shipped with the package (their real rubrics, 11.6 criteria on average), G = G' = ``--group-size``.
   Both arms run exactly ``steps.rubric.collect_rollouts`` and build the training batch (training_samples,
@@ -77,6 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--waves", type=float, default=REAL_STEP_CALLS / REAL_SLOTS,
                     help="a judge stage's calls / the judge's concurrency (sets C)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--client-concurrency", type=int, default=None,
+                    help="the HTTP judge client's max_concurrency (default: the judge's C)")
     ap.add_argument("--settings", type=float, nargs="+", default=[1.0, 2.0], help="judge time / generation time")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
@@ -323,7 +329,8 @@ def main(argv=None) -> int:
 
         def judge_for(server: JudgeServer, slots: int | None):
             return build_http_judge({"type": "http", "mode": "batched", "model": "rule-grader", "base_urls": [server.url],
-                                     "batch_size": args.batch_size, "max_concurrency": max(64, 4 * (slots or 16)),
+                                     "batch_size": args.batch_size,
+                                     "max_concurrency": args.client_concurrency or slots or 64,
                                      "timeout_s": 600.0, "cache": False})
 
         # Calibration: the sequential phase with an instant judge (also warms vLLM up).

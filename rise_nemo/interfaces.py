@@ -287,6 +287,19 @@ class AsyncJudge(Protocol):
 
 
 @runtime_checkable
+class CapacityJudge(Protocol):
+    """Optional extension of ``AsyncJudge``: how many calls the judge serves at once (``max_concurrency``; None:
+    not known) and how much of that a request occupies over its life (``load_of``, in calls: 1.0 = one call slot
+    for as long as the longest call takes). A caller that holds requests back (the pipelined step's stream,
+    steps.judged_stream) keeps about that much in flight and sends the rest in its own order of urgency; calls sent
+    beyond it would wait in the judge's first-come queue instead."""
+
+    max_concurrency: int | None
+
+    def load_of(self, request: JudgeRequest) -> float: ...
+
+
+@runtime_checkable
 class SpanLocatingJudge(Protocol):
     """Optional extension of ``Judge`` (a judge without it still works; nothing is masked then).
 

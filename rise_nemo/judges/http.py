@@ -149,6 +149,13 @@ class HttpJudgeConfig:
             raise JudgeError(f"judge.api_key_env names {self.api_key_env}, but that environment variable is not set")
         return value
 
+    def load_of(self, request: JudgeRequest) -> float:
+        """interfaces.CapacityJudge: the call slots judging ``request`` occupies (without cache hits). Per criterion:
+        one call each, all about as long. Batched: a call's time grows with its reply, i.e. with its criteria, so
+        ``criteria / batch_size`` (11 criteria in calls of 6 and 5: 1.83 slots of a full call's time)."""
+        n = len(request.rubric.criteria)
+        return float(n) if self.mode == "per_criterion" else n / self.batch_size
+
     def tokens_for(self, n_criteria: int) -> int:
         if self.max_tokens is not None:
             return self.max_tokens
@@ -194,6 +201,14 @@ class HttpJudge:
     def __repr__(self) -> str:
         c = self.config
         return f"HttpJudge(mode={c.mode!r}, model={c.model!r}, base_urls={list(c.base_urls)!r})"
+
+    @property
+    def max_concurrency(self) -> int:
+        """interfaces.CapacityJudge: the client's limit on calls in flight (judge.max_concurrency)."""
+        return self.config.max_concurrency
+
+    def load_of(self, request: JudgeRequest) -> float:
+        return self.config.load_of(request)
 
     # -- public API (interfaces.Judge) -------------------------------------------------------------
     def judge(self, requests: Sequence[JudgeRequest]) -> list[list[Verdict]]:
@@ -414,5 +429,7 @@ def build_http_judge(cfg: Mapping[str, Any]):
             num_cpus=config.ray_num_cpus,
             timeout_s=config.ray_timeout_s,
             start_timeout_s=config.ray_start_timeout_s,
+            max_concurrency=config.max_concurrency,
+            load_of=config.load_of,
         )
     return HttpJudge(config)

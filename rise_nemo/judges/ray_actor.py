@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rise_nemo.interfaces import JudgeRequest, JudgeStats, Verdict
@@ -70,6 +70,8 @@ class RayJudge:
         timeout_s: float,
         start_timeout_s: float,
         init_ray: bool = False,
+        max_concurrency: int | None = None,  # interfaces.CapacityJudge, where the wrapped judge's builder knows it
+        load_of: Callable[[JudgeRequest], float] | None = None,
     ) -> None:
         import ray
 
@@ -82,10 +84,15 @@ class RayJudge:
             ray.init(include_dashboard=False, log_to_driver=False)
         self._ray = ray
         self.timeout_s = timeout_s
+        self.max_concurrency = max_concurrency
+        self._load_of = load_of
         actor_cls = ray.remote(num_cpus=num_cpus, num_gpus=0, max_restarts=0)(JudgeActor)
         self._actor = actor_cls.remote(builder, dict(cfg))
         # Fail here, with the actor's own error, if the judge cannot be built (bad config, missing key).
         self._last_stats = ray.get(self._actor.stats.remote(), timeout=start_timeout_s)
+
+    def load_of(self, request: JudgeRequest) -> float:
+        return self._load_of(request) if self._load_of is not None else 1.0
 
     def submit(self, requests: Sequence[JudgeRequest]):
         """Start judging; returns an ObjectRef resolving to ``list[list[Verdict]]``."""

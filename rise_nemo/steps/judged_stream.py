@@ -9,16 +9,24 @@ the rollouts and verdicts the sequential stages would have produced:
 - generation: each call returns what ``Generator.generate`` returns for its put requests in slot order
   (interfaces.RolloutStream); a generator that does not stream is called once per call, when all its slots are
   known (``CallAtOnceStream``);
-- judging: the responses finished since the last judge call go in one call, to ``judge_async`` where the judge has
-  it (interfaces.AsyncJudge), else to ``judge`` in a worker thread; verdicts do not depend on which requests share a
-  call. A judge error (its failure cap, a stop request) or a generation error is raised from ``run``, the stream
-  closed: the caller fails as the sequential stages would;
+- judging: to ``judge_async`` where the judge has it (interfaces.AsyncJudge), else to ``judge`` in a worker thread;
+  verdicts do not depend on which requests share a call or in what order they are judged. Responses wait in the
+  stream in order of urgency: by their group's ``priority`` (``add_group``: lower first), then those whose group is
+  all generated first (the caller waits on that group's verdicts; another group is not done anyway), then in
+  arrival order. A judge that says how many calls it serves at once and what a request occupies of them
+  (interfaces.CapacityJudge) gets about that much in flight, one response per call, the next one taken from the
+  head of that order as each returns: so it is the
+  stream, not the judge's first-come queue, that decides what is judged next. Any other judge gets everything
+  waiting in one call, in that order. A judge error (its failure cap, a stop request) or a generation error is
+  raised from ``run``, the stream closed: the caller fails as the sequential stages would;
 - a judge call outliving the judge's own ``timeout_s`` (RayJudge's bound on ``judge``) raises TimeoutError.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import heapq
+import itertools
 import queue
 import threading
 import time
@@ -27,6 +35,7 @@ from typing import Any
 
 from rise_nemo.interfaces import (
     AsyncJudge,
+    CapacityJudge,
     GenerationRequest,
     Generator,
     JudgeRequest,
@@ -109,13 +118,35 @@ _UNKNOWN = object()
 class Group:
     """The samples of one group and their verdicts, as they arrive."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, priority: int = 0):
         self.rollouts: list[Rollout | None] = [None] * size
         self.verdicts: list[list[Verdict] | None] = [None] * size
+        self.priority = priority
+        self.generated = 0
 
     @property
     def judged(self) -> bool:
         return all(v is not None for v in self.verdicts)
+
+    @property
+    def all_generated(self) -> bool:
+        return self.generated == len(self.rollouts)
+
+
+class _Waiting:
+    """A response waiting for the judge; ``live`` turns False when it is re-queued with a new rank."""
+
+    __slots__ = ("key", "j", "request", "seq", "live")
+
+    def __init__(self, key: Hashable, j: int, request: JudgeRequest, seq: int):
+        self.key, self.j, self.request, self.seq, self.live = key, j, request, seq, True
+
+
+def judge_capacity(judge: Any) -> tuple[int, Callable[[JudgeRequest], float]] | None:
+    """(calls the judge serves at once, a request's load) of an asynchronous interfaces.CapacityJudge that knows."""
+    if isinstance(judge, AsyncJudge) and isinstance(judge, CapacityJudge) and judge.max_concurrency is not None:
+        return max(1, int(judge.max_concurrency)), judge.load_of
+    return None
 
 
 class StreamCall:
@@ -141,16 +172,22 @@ class JudgedStream:
         self.groups: dict[Hashable, Group] = {}
         self._events: queue.Queue = queue.Queue()
         self._owners: dict[tuple[Hashable, int], tuple[Hashable, int]] = {}  # (call, slot) -> (group, first sample)
-        self._pending: list[tuple[Hashable, int, JudgeRequest]] = []
-        self._in_flight: dict[concurrent.futures.Future, float] = {}
+        # Responses waiting for the judge: a heap by rank (module docstring), stale entries skipped when popped.
+        self._waiting: list[tuple[tuple[int, int, int], int, _Waiting]] = []
+        self._waiting_of: dict[Hashable, list[_Waiting]] = {}  # group -> its live waiting responses
+        self._seq, self._pushes = itertools.count(), itertools.count()  # arrival order; heap tie-break
+        self._capacity = judge_capacity(judge)
+        self._in_flight: dict[concurrent.futures.Future, tuple[float, float]] = {}  # -> (sent at, slots held)
+        self._slots_held = 0.0
         self._executor = None if isinstance(judge, AsyncJudge) else concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="rise-judge")
         self.judge_calls = 0
         self._stream = (generator.open_stream(self._on_rollout) if streams_natively(generator)
                         else CallAtOnceStream(generator, self._on_rollout))
 
-    def add_group(self, key: Hashable, size: int) -> None:
-        self.groups[key] = Group(size)
+    def add_group(self, key: Hashable, size: int, priority: int = 0) -> None:
+        """A group of ``size`` samples; ``priority``: its responses' place in the judge's order (lower first)."""
+        self.groups[key] = Group(size, priority)
 
     def call(self, tag: Hashable, slots: int, params: SamplingParams) -> StreamCall:
         """A generate call (``tag``: unique in this stream) of ``slots`` requests."""
@@ -187,11 +224,17 @@ class JudgedStream:
             if isinstance(item, BaseException):
                 raise item
             key, first = self._owners[(tag, slot)]
-            self.groups[key].rollouts[first + j] = item
-            self._pending.append((key, first + j, self.judge_request(key, item)))
+            group = self.groups[key]
+            group.rollouts[first + j] = item
+            group.generated += 1
+            self._wait(_Waiting(key, first + j, self.judge_request(key, item), next(self._seq)))
+            if group.all_generated:  # its waiting responses move ahead of those of groups still generated
+                for waiting in [w for w in self._waiting_of.pop(key, []) if w.live]:
+                    waiting.live = False
+                    self._wait(_Waiting(waiting.key, waiting.j, waiting.request, waiting.seq))
             return []
         _, keys, future = event
-        self._in_flight.pop(future, None)
+        self._slots_held -= self._in_flight.pop(future, (0.0, 0.0))[1]
         verdicts = future.result()  # raises the judge's error (failure cap, stop), as ``judge`` would
         if len(verdicts) != len(keys):
             raise RuntimeError(f"judge returned {len(verdicts)} verdict lists for {len(keys)} requests")
@@ -203,25 +246,52 @@ class JudgedStream:
                 judged.append(key)
         return judged
 
+    def _wait(self, waiting: _Waiting) -> None:
+        group = self.groups[waiting.key]
+        live = [w for w in self._waiting_of.get(waiting.key, []) if w.live]
+        self._waiting_of[waiting.key] = live + [waiting]
+        rank = (group.priority, 0 if group.all_generated else 1, waiting.seq)
+        heapq.heappush(self._waiting, (rank, next(self._pushes), waiting))
+
+    def _next_waiting(self) -> _Waiting | None:
+        while self._waiting:
+            *_, waiting = heapq.heappop(self._waiting)
+            if waiting.live:
+                waiting.live = False
+                return waiting
+        return None
+
     def _flush(self) -> None:
-        if not self._pending:
+        """Send waiting responses to the judge: one call per response up to its capacity, else all in one."""
+        if self._capacity is None:
+            batch = list(iter(self._next_waiting, None))
+            if batch:
+                self._send(batch, 0.0)
             return
-        keys = [(key, j) for key, j, _ in self._pending]
-        requests = [r for _, _, r in self._pending]
-        self._pending = []
+        limit, load_of = self._capacity
+        while self._slots_held < limit or not self._in_flight:
+            waiting = self._next_waiting()
+            if waiting is None:
+                return
+            self._send([waiting], float(load_of(waiting.request)))
+
+    def _send(self, batch: list[_Waiting], slots: float) -> None:
+        keys = [(w.key, w.j) for w in batch]
+        requests = [w.request for w in batch]
         if self._executor is None:
             future = self.judge.judge_async(requests)
         else:
             future = self._executor.submit(self.judge.judge, requests)
         self.judge_calls += 1
-        self._in_flight[future] = time.monotonic()
+        self._in_flight[future] = (time.monotonic(), slots)
+        self._slots_held += slots
         future.add_done_callback(lambda f, keys=keys: self._events.put(("verdicts", keys, f)))
 
     def _check_timeouts(self) -> None:
         timeout = getattr(self.judge, "timeout_s", None)
         if timeout is None:
             return
-        for started in self._in_flight.values():
+        for started, _ in self._in_flight.values():
             if time.monotonic() - started > float(timeout):
                 raise TimeoutError(f"judge: a call has not returned in {float(timeout):g} s (the judge's timeout_s)")
 

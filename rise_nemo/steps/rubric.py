@@ -331,7 +331,7 @@ def pipelined_rollouts(ctx: StepContext, prompts: Sequence[RubricPrompt], step: 
     for slot, request in enumerate(natural):
         call.put(slot, request, ("nat", slot // per_prompt), first=slot % per_prompt if per_prompt > 1 else 0)
     for k, (i, request) in enumerate(zip(order, hinted)):
-        stream.add_group(("priv", i), g_priv)
+        stream.add_group(("priv", i), g_priv, priority=1)  # nothing waits on its verdicts but the step's end
         call.put(len(natural) + k, request, ("priv", i))
     privileged = stream.call("privileged", n, sampling_params(ctx.cfg, step, STREAM_PRIVILEGED)) if plan.guided else None
     decided: dict[int, list[int]] = {}
@@ -347,7 +347,7 @@ def pipelined_rollouts(ctx: StepContext, prompts: Sequence[RubricPrompt], step: 
             privileged.skip(i)
             return
         (request,) = hinted_requests(ctx, prompts, {i: [prompts[i].rubric.criteria[k] for k in chosen]}, [i], step)
-        stream.add_group(("priv", i), g_priv)
+        stream.add_group(("priv", i), g_priv, priority=1)
         privileged.put(i, request, ("priv", i))
 
     def on_judged(group: tuple[str, int]) -> None:

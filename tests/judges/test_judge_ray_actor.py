@@ -34,6 +34,8 @@ def test_http_judge_in_ray_actor(ray_session, server):
         assert ray_session.get(ref, timeout=WAIT_S) == expected(reqs)
         assert isinstance(judge, AsyncJudge)
         assert judge.judge_async(reqs).result(timeout=WAIT_S) == expected(reqs)  # a future (the pipelined step's)
+        # the pipelined step's stream keeps the inner HTTP judge's capacity in flight (interfaces.CapacityJudge)
+        assert judge.max_concurrency == 64 and judge.load_of(reqs[0]) == len(reqs[0].rubric.criteria) / 3
         assert judge.judge(reqs) == expected(reqs)  # second time: from the actor's cache
         stats = judge.stats
         assert stats.calls == 6 and stats.cache_hits == 30 and stats.unknown_verdicts == 0

@@ -1,0 +1,126 @@
+"""The order in which the pipelined step's stream hands responses to a judge that says how many calls it serves
+at once (interfaces.CapacityJudge): about that many in flight, and the next one is the most urgent waiting, i.e. a
+response whose group is all generated (the caller waits on that group's verdicts) before one whose group is still
+being generated, a natural group before a privileged one (``priority``), then arrival order. Arrivals and judge
+answers are driven by the test, so the order is exact, not timed."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import pytest
+
+from rise_nemo.core.rubric import Criterion, Rubric
+from rise_nemo.interfaces import CapacityJudge, JudgeRequest, Rollout, SamplingParams
+from rise_nemo.judges.http import HttpJudge, HttpJudgeConfig
+from rise_nemo.steps.judged_stream import JudgedStream, judge_capacity
+
+RUBRIC = Rubric((Criterion("Mentions alpha", 1.0),))
+
+
+class ManualGenerator:
+    """interfaces.StreamingGenerator whose responses arrive when the test says (``arrive``)."""
+
+    def __init__(self):
+        self.on_rollout = None
+        self.requests: dict[tuple, object] = {}
+
+    def open_stream(self, on_rollout):
+        self.on_rollout = on_rollout
+        gen = self
+
+        class Stream:
+            def call(self, tag, slots, params):
+                class Call:
+                    def put(self, slot, request):
+                        gen.requests[(tag, slot)] = request
+
+                    def skip(self, slot):
+                        pass
+
+                return Call()
+
+            def close(self):
+                pass
+
+        return Stream()
+
+    def arrive(self, tag, slot, j, text):
+        self.on_rollout(tag, slot, j, Rollout([], [1], [2], text, [0.0], True))
+
+
+class OneAtATimeJudge:
+    """Serves ``max_concurrency`` calls of one criterion at once; a call is answered when the test releases it."""
+
+    max_concurrency = 1
+
+    def __init__(self):
+        self.sent: list[tuple[str, concurrent.futures.Future]] = []
+        self.changed = threading.Condition()
+
+    def load_of(self, request):
+        return float(len(request.rubric.criteria))
+
+    def judge(self, requests):
+        raise AssertionError("the stream must use judge_async")
+
+    def judge_async(self, requests):
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self.changed:
+            self.sent += [(r.response, future) for r in requests]
+            self.changed.notify_all()
+        return future
+
+    def wait_sent(self, n):
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.sent) >= n, timeout=600), [t for t, _ in self.sent]
+
+    def release_all(self):
+        with self.changed:
+            pending = [f for _, f in self.sent if not f.done()]
+        for future in pending:
+            future.set_result([[True]])
+
+
+def test_the_next_call_is_the_most_urgent_waiting_response():
+    gen, judge = ManualGenerator(), OneAtATimeJudge()
+    stream = JudgedStream(gen, judge, lambda key, rollout: JudgeRequest([], rollout.response_text, RUBRIC, "p"))
+    for key, size, priority in (("A", 2, 0), ("B", 2, 0), ("C", 2, 0), ("P", 1, 1)):
+        stream.add_group(key, size, priority)
+    call = stream.call("natural", 4, SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4))
+    for slot, key in enumerate("ABCP"):
+        call.put(slot, None, key)
+    judged: list = []
+    worker = threading.Thread(target=stream.run, args=(judged.append, lambda: len(judged) == 4), daemon=True)
+    worker.start()
+    gen.arrive("natural", 0, 0, "A0")
+    judge.wait_sent(1)  # the judge is free: A0 goes at once
+    for slot, j, text in ((2, 0, "C0"), (3, 0, "P0"), (1, 0, "B0"), (1, 1, "B1")):
+        gen.arrive("natural", slot, j, text)
+    # All four wait behind A0 (one call at a time). As each call returns, the most urgent one goes next: B (all
+    # generated) before C (still generated, though it arrived first); the natural C before the privileged P.
+    for n in (2, 3, 4, 5):
+        judge.release_all()
+        judge.wait_sent(n)
+    gen.arrive("natural", 0, 1, "A1")
+    gen.arrive("natural", 2, 1, "C1")
+    while worker.is_alive():
+        judge.release_all()
+        worker.join(timeout=0.05)
+    assert [text for text, _ in judge.sent] == ["A0", "B0", "B1", "C0", "P0", "A1", "C1"]
+    assert sorted(judged) == ["A", "B", "C", "P"] and judged.index("B") < judged.index("A")
+
+
+@pytest.mark.parametrize("mode, batch_size, criteria, load", [("batched", 6, 11, 11 / 6), ("batched", 6, 6, 1.0),
+                                                               ("per_criterion", 6, 11, 11.0)])
+def test_the_http_judge_says_its_capacity_and_what_a_request_occupies(mode, batch_size, criteria, load):
+    judge = HttpJudge(HttpJudgeConfig(base_urls=("http://127.0.0.1:9/v1",), model="m", mode=mode,
+                                      batch_size=batch_size, max_concurrency=23, cache=False))
+    try:
+        request = JudgeRequest([], "text", Rubric(tuple(Criterion(f"c{k}", 1.0) for k in range(criteria))), "p")
+        assert isinstance(judge, CapacityJudge)
+        limit, load_of = judge_capacity(judge)
+        assert limit == 23 and load_of(request) == pytest.approx(load)
+    finally:
+        judge.close()
