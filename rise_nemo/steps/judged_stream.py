@@ -15,9 +15,8 @@ the rollouts and verdicts the sequential stages would have produced:
   all generated first (the caller waits on that group's verdicts; another group is not done anyway), then in
   arrival order. A judge that says how many calls it serves at once and what a request occupies of them
   (interfaces.CapacityJudge) gets about that much in flight, one response per call, the next one taken from the
-  head of that order as each returns: so it is the
-  stream, not the judge's first-come queue, that decides what is judged next. Any other judge gets everything
-  waiting in one call, in that order. A judge error (its failure cap, a stop request) or a generation error is
+  head of that order as each returns: so it is the stream, not the judge's first-come queue, that decides what is
+  judged next. Any other judge gets everything waiting in one call, in that order. A judge error (its failure cap, a stop request) or a generation error is
   raised from ``run``, the stream closed: the caller fails as the sequential stages would;
 - a judge call outliving the judge's own ``timeout_s`` (RayJudge's bound on ``judge``) raises TimeoutError.
 """
@@ -172,9 +171,10 @@ class JudgedStream:
         self.groups: dict[Hashable, Group] = {}
         self._events: queue.Queue = queue.Queue()
         self._owners: dict[tuple[Hashable, int], tuple[Hashable, int]] = {}  # (call, slot) -> (group, first sample)
-        # Responses waiting for the judge: a heap by rank (module docstring), stale entries skipped when popped.
+        # Responses waiting for the judge: a heap by rank (module docstring), stale entries skipped when popped;
+        # those of a group not yet all generated are also listed by group, to move ahead once it is.
         self._waiting: list[tuple[tuple[int, int, int], int, _Waiting]] = []
-        self._waiting_of: dict[Hashable, list[_Waiting]] = {}  # group -> its live waiting responses
+        self._waiting_of: dict[Hashable, list[_Waiting]] = {}
         self._seq, self._pushes = itertools.count(), itertools.count()  # arrival order; heap tie-break
         self._capacity = judge_capacity(judge)
         self._in_flight: dict[concurrent.futures.Future, tuple[float, float]] = {}  # -> (sent at, slots held)
@@ -229,9 +229,10 @@ class JudgedStream:
             group.generated += 1
             self._wait(_Waiting(key, first + j, self.judge_request(key, item), next(self._seq)))
             if group.all_generated:  # its waiting responses move ahead of those of groups still generated
-                for waiting in [w for w in self._waiting_of.pop(key, []) if w.live]:
-                    waiting.live = False
-                    self._wait(_Waiting(waiting.key, waiting.j, waiting.request, waiting.seq))
+                for waiting in self._waiting_of.pop(key, []):
+                    if waiting.live:
+                        waiting.live = False
+                        self._wait(_Waiting(waiting.key, waiting.j, waiting.request, waiting.seq))
             return []
         _, keys, future = event
         self._slots_held -= self._in_flight.pop(future, (0.0, 0.0))[1]
@@ -248,8 +249,8 @@ class JudgedStream:
 
     def _wait(self, waiting: _Waiting) -> None:
         group = self.groups[waiting.key]
-        live = [w for w in self._waiting_of.get(waiting.key, []) if w.live]
-        self._waiting_of[waiting.key] = live + [waiting]
+        if not group.all_generated:
+            self._waiting_of.setdefault(waiting.key, []).append(waiting)
         rank = (group.priority, 0 if group.all_generated else 1, waiting.seq)
         heapq.heappush(self._waiting, (rank, next(self._pushes), waiting))
 
