@@ -121,7 +121,6 @@ class Group:
         self.rollouts: list[Rollout | None] = [None] * size
         self.verdicts: list[list[Verdict] | None] = [None] * size
         self.priority = priority
-        self.generated = 0
 
     @property
     def judged(self) -> bool:
@@ -129,7 +128,7 @@ class Group:
 
     @property
     def all_generated(self) -> bool:
-        return self.generated == len(self.rollouts)
+        return all(r is not None for r in self.rollouts)
 
 
 class _Waiting:
@@ -226,7 +225,6 @@ class JudgedStream:
             key, first = self._owners[(tag, slot)]
             group = self.groups[key]
             group.rollouts[first + j] = item
-            group.generated += 1
             self._wait(_Waiting(key, first + j, self.judge_request(key, item), next(self._seq)))
             if group.all_generated:  # its waiting responses move ahead of those of groups still generated
                 for waiting in self._waiting_of.pop(key, []):

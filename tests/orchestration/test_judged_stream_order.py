@@ -1,8 +1,8 @@
 """The order in which the pipelined step's stream hands responses to a judge that says how many calls it serves
 at once (interfaces.CapacityJudge): about that many in flight, and the next one is the most urgent waiting, i.e. a
-response whose group is all generated (the caller waits on that group's verdicts) before one whose group is still
-being generated, a natural group before a privileged one (``priority``), then arrival order. Arrivals and judge
-answers are driven by the test, so the order is exact, not timed."""
+natural group's response before a privileged one's (``priority``), then a response whose group is all generated (the
+caller waits on that group's verdicts) before one whose group is still being generated, then arrival order.
+Arrivals and judge answers are driven by the test, so the order is exact, not timed."""
 
 from __future__ import annotations
 
@@ -24,17 +24,15 @@ class ManualGenerator:
 
     def __init__(self):
         self.on_rollout = None
-        self.requests: dict[tuple, object] = {}
 
     def open_stream(self, on_rollout):
         self.on_rollout = on_rollout
-        gen = self
 
         class Stream:
             def call(self, tag, slots, params):
                 class Call:
                     def put(self, slot, request):
-                        gen.requests[(tag, slot)] = request
+                        pass
 
                     def skip(self, slot):
                         pass
