@@ -27,9 +27,10 @@ about 2,353 x 0.088 / 2 ~ 100 sequences are decoded at once (half the tokens bei
 step's calls in the same number of waves as ~100 slots cover a real step's: 512 rollouts x 11.6 criteria in calls of
 6 = ~1,000 calls, ~10 waves (``--waves``). a0 = 0.5 s: the prefill of a ~2k-token grader prompt (2 x 32e9 x 2e3 FLOP
 at 40% of an H100's 989 TFLOP/s = 0.32 s) plus its wait for a prefill slot. The CPU model generates far faster than a
-32B judge judges, so a0 and b0 are scaled by one factor, set from a calibration run without latency so that the
-sequential step's judging takes ``--judge-over-gen`` times its generation: 1 (judge about as slow as generation, the
-target setting) and 2 (judge twice as slow). The reply tokens are what the rule grader actually answers (4 characters
+32B judge judges, so a0 and b0 are scaled by one factor so that the sequential step's judging takes ``--settings``
+times its generation: 1 (judge about as slow as generation, the target setting) and 2 (judge twice as slow). The
+factor is first estimated from a calibration run without latency, then rescaled by the judging / generation of two
+sequential phases measured with it (``--calibration-rounds``; the estimate alone gave a judge ~0.8x as slow). The reply tokens are what the rule grader actually answers (4 characters
 a token), i.e. the batched verdict JSON that vLLM's structured output makes a real judge write.
 
 Each setting runs ``--repeats`` pairs (sequential, pipelined), alternating which goes first, each pair on its own
@@ -84,6 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--client-concurrency", type=int, default=None,
                     help="the HTTP judge client's max_concurrency (default: the judge's C)")
     ap.add_argument("--settings", type=float, nargs="+", default=[1.0, 2.0], help="judge time / generation time")
+    ap.add_argument("--calibration-rounds", type=int, default=1,
+                    help="sequential measurements that rescale the judge's latency to each setting (0: the estimate)")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
 
@@ -289,6 +292,16 @@ def run_arm(ctx, prompts, step: int, last: dict | None = None):
     return phase, rubric.build_batch(samples, ctx.pad_id), seconds
 
 
+def judge_over_gen(ctx, prompts, steps=(3, 4)) -> float:
+    """Judging time over generation time of sequential phases, pooled (calibration steps, not measured ones)."""
+    gen = jud = 0.0
+    for step in steps:
+        t = run_arm(ctx, prompts, step)[0].timings
+        gen += t["natural_generation_s"] + t.get("privileged_generation_s", 0.0)
+        jud += t["natural_judging_s"] + t.get("privileged_judging_s", 0.0)
+    return jud / gen
+
+
 def same_batch(a, b) -> tuple[bool, float]:
     """(equal, max |difference| of the sampler log-probs) for two training batches."""
     import torch
@@ -353,6 +366,18 @@ def main(argv=None) -> int:
         for setting in args.settings:
             unit = sum(math.ceil(n / slots) for n in calls) * (A0_S + B0_S * tokens)
             scale = setting * t_gen / unit
+            # That first estimate counts every call as a full one in full waves. A rubric's last call holds only
+            # its remainder criteria and a stage's last wave is partial, so the judge it models is ~0.8x as slow
+            # as the setting asks. Measure it on sequential phases and rescale (judging time is linear in a, b).
+            for _ in range(args.calibration_rounds if setting > 0 else 0):
+                server = JudgeServer(A0_S * scale, B0_S * scale, slots)
+                servers.append(server)
+                measured = judge_over_gen(build_context(generator, judge_for(server, slots), args, False), prompts)
+                print(f"calibration {setting:g}x: judging / generation {measured:.2f} at a = {A0_S * scale:.4f} s",
+                      flush=True)
+                scale *= setting / measured
+                server.stop()
+                servers.remove(server)
             a, b = A0_S * scale, B0_S * scale
             server = JudgeServer(a, b, slots)
             servers.append(server)
