@@ -12,8 +12,9 @@ the rollouts and verdicts the sequential stages would have produced:
 - judging: to ``judge_async`` where the judge has it (interfaces.AsyncJudge), else to ``judge`` in a worker thread;
   verdicts do not depend on which requests share a call or in what order they are judged. Responses wait in the
   stream in order of urgency: by their group's ``priority`` (``add_group``: lower first), then those whose group is
-  all generated first (the caller waits on that group's verdicts; another group is not done anyway), then in
-  arrival order. A judge that says how many calls it serves at once and what a request occupies of them
+  all generated first (the caller waits on that group's verdicts; another group is not done anyway), a group at a
+  time in the order the groups were all generated (interleaving them would hold every group's verdicts until the
+  last of them is judged), then in arrival order. A judge that says how many calls it serves at once and what a request occupies of them
   (interfaces.CapacityJudge) gets about that much in flight, one response per call, the next one taken from the
   head of that order as each returns: so it is the stream, not the judge's first-come queue, that decides what is
   judged next. Any other judge gets everything waiting in one call, in that order. A judge error (its failure cap, a stop request) or a generation error is
@@ -121,6 +122,7 @@ class Group:
         self.rollouts: list[Rollout | None] = [None] * size
         self.verdicts: list[list[Verdict] | None] = [None] * size
         self.priority = priority
+        self.generated_seq: int | None = None  # the stream's arrival count when the last sample arrived
 
     @property
     def judged(self) -> bool:
@@ -172,7 +174,7 @@ class JudgedStream:
         self._owners: dict[tuple[Hashable, int], tuple[Hashable, int]] = {}  # (call, slot) -> (group, first sample)
         # Responses waiting for the judge: a heap by rank (module docstring), stale entries skipped when popped;
         # those of a group not yet all generated are also listed by group, to move ahead once it is.
-        self._waiting: list[tuple[tuple[int, int, int], int, _Waiting]] = []
+        self._waiting: list[tuple[tuple[int, int, int, int], int, _Waiting]] = []
         self._waiting_of: dict[Hashable, list[_Waiting]] = {}
         self._seq, self._pushes = itertools.count(), itertools.count()  # arrival order; heap tie-break
         self._capacity = judge_capacity(judge)
@@ -225,6 +227,8 @@ class JudgedStream:
             key, first = self._owners[(tag, slot)]
             group = self.groups[key]
             group.rollouts[first + j] = item
+            if group.all_generated:
+                group.generated_seq = next(self._seq)
             self._wait(_Waiting(key, first + j, self.judge_request(key, item), next(self._seq)))
             if group.all_generated:  # its waiting responses move ahead of those of groups still generated
                 for waiting in self._waiting_of.pop(key, []):
@@ -249,7 +253,10 @@ class JudgedStream:
         group = self.groups[waiting.key]
         if not group.all_generated:
             self._waiting_of.setdefault(waiting.key, []).append(waiting)
-        rank = (group.priority, 0 if group.all_generated else 1, waiting.seq)
+        if group.all_generated:
+            rank = (group.priority, 0, group.generated_seq, waiting.seq)
+        else:
+            rank = (group.priority, 1, waiting.seq, 0)
         heapq.heappush(self._waiting, (rank, next(self._pushes), waiting))
 
     def _next_waiting(self) -> _Waiting | None:

@@ -1,7 +1,8 @@
 """The order in which the pipelined step's stream hands responses to a judge that says how many calls it serves
 at once (interfaces.CapacityJudge): about that many in flight, and the next one is the most urgent waiting, i.e. a
 natural group's response before a privileged one's (``priority``), then a response whose group is all generated (the
-caller waits on that group's verdicts) before one whose group is still being generated, then arrival order.
+caller waits on that group's verdicts) before one whose group is still being generated, all generated groups a
+group at a time in the order they were all generated, then arrival order.
 Arrivals and judge answers are driven by the test, so the order is exact, not timed."""
 
 from __future__ import annotations
@@ -108,6 +109,44 @@ def test_the_next_call_is_the_most_urgent_waiting_response():
         worker.join(timeout=0.05)
     assert [text for text, _ in judge.sent] == ["A0", "B0", "B1", "C0", "P0", "A1", "C1"]
     assert sorted(judged) == ["A", "B", "C", "P"] and judged.index("B") < judged.index("A")
+
+
+def run_to_end(stream, gen, judge, groups, arrivals):
+    """Opens one call of ``groups`` ((key, size, priority)), lets the first arrival reach the judge alone, lets the
+    rest arrive while the judge is held, then answers calls one at a time: the responses in the order sent."""
+    for key, size, priority in groups:
+        stream.add_group(key, size, priority)
+    call = stream.call("natural", len(groups), SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4))
+    slot_of = {}
+    for slot, (key, _, _) in enumerate(groups):
+        call.put(slot, None, key)
+        slot_of[key] = slot
+    judged: list = []
+    worker = threading.Thread(target=stream.run, args=(judged.append, lambda: len(judged) == len(groups)),
+                              daemon=True)
+    worker.start()
+    for n, text in enumerate(arrivals):
+        gen.arrive("natural", slot_of[text[0]], int(text[1:]), text)
+        if n == 0:
+            judge.wait_sent(1)
+    for n in range(2, len(arrivals) + 1):
+        judge.release_all()
+        judge.wait_sent(n)
+    while worker.is_alive():
+        judge.release_all()
+        worker.join(timeout=0.05)
+    return [text for text, _ in judge.sent], judged
+
+
+def test_groups_all_generated_are_judged_one_after_another_in_the_order_they_completed():
+    gen, judge = ManualGenerator(), OneAtATimeJudge()
+    stream = JudgedStream(gen, judge, lambda key, rollout: JudgeRequest([], rollout.response_text, RUBRIC, "p"))
+    # D starts first but E completes first: E's two responses go before D's, so E's verdicts (and its privileged
+    # request) do not wait for D's; responses of both groups interleaved would delay both groups' verdicts.
+    sent, judged = run_to_end(stream, gen, judge, [("X", 1, 0), ("D", 2, 0), ("E", 2, 0)],
+                              ["X0", "D0", "E0", "E1", "D1"])
+    assert sent == ["X0", "E0", "E1", "D0", "D1"]
+    assert judged == ["X", "E", "D"]
 
 
 @pytest.mark.parametrize("mode, batch_size, criteria, load", [("batched", 6, 11, 11 / 6), ("batched", 6, 6, 1.0),
