@@ -30,8 +30,9 @@ at 40% of an H100's 989 TFLOP/s = 0.32 s) plus its wait for a prefill slot. The 
 32B judge judges, so a0 and b0 are scaled by one factor so that the sequential step's judging takes ``--settings``
 times its generation: 1 (judge about as slow as generation, the target setting) and 2 (judge twice as slow). The
 factor is first estimated from a calibration run without latency, then rescaled by the judging / generation of two
-sequential phases measured with it (``--calibration-rounds``; the estimate alone gave a judge ~0.8x as slow). The reply tokens are what the rule grader actually answers (4 characters
-a token), i.e. the batched verdict JSON that vLLM's structured output makes a real judge write.
+sequential phases measured with it (``--calibration-rounds``; the estimate alone gave a judge ~0.8x as slow). The
+reply tokens are what the rule grader actually answers (4 characters a token), i.e. the batched verdict JSON that
+vLLM's structured output makes a real judge write.
 
 Each setting runs ``--repeats`` pairs (sequential, pipelined), alternating which goes first, each pair on its own
 step number (its own seeds), the same prompts and seeds within a pair. Reported per setting, pooled over repeats:

@@ -14,11 +14,12 @@ the rollouts and verdicts the sequential stages would have produced:
   stream in order of urgency: by their group's ``priority`` (``add_group``: lower first), then those whose group is
   all generated first (the caller waits on that group's verdicts; another group is not done anyway), a group at a
   time in the order the groups were all generated (interleaving them would hold every group's verdicts until the
-  last of them is judged), then in arrival order. A judge that says how many calls it serves at once and what a request occupies of them
-  (interfaces.CapacityJudge) gets about that much in flight, one response per call, the next one taken from the
-  head of that order as each returns: so it is the stream, not the judge's first-come queue, that decides what is
-  judged next. Any other judge gets everything waiting in one call, in that order. A judge error (its failure cap, a stop request) or a generation error is
-  raised from ``run``, the stream closed: the caller fails as the sequential stages would;
+  last of them is judged), then in arrival order. A judge that says how many calls it serves at once and what a
+  request occupies of them (interfaces.CapacityJudge) gets about that much in flight, one response per call, the
+  next one taken from the head of that order as each returns: so it is the stream, not the judge's first-come
+  queue, that decides what is judged next. Any other judge gets everything waiting in one call, in that order. A
+  judge error (its failure cap, a stop request) or a generation error is raised from ``run``, the stream closed:
+  the caller fails as the sequential stages would;
 - a judge call outliving the judge's own ``timeout_s`` (RayJudge's bound on ``judge``) raises TimeoutError.
 """
 
