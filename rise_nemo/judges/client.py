@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import contextvars
 import json
 import logging
 import random
@@ -94,6 +96,23 @@ class Endpoint:
     sent: int = 0
     down_until: float = 0.0  # monotonic time before which a connection-failed endpoint is avoided
     structured: bool = True  # False once the endpoint rejected response_format
+
+
+# HTTP attempts of the task that opened ``counting_calls`` and of the tasks it started: the client's counters are
+# shared by every caller, so with several judge calls in flight their difference is not one caller's count.
+_TASK_CALLS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("rise_judge_task_calls", default=None)
+
+
+@contextlib.contextmanager
+def counting_calls():
+    """``with counting_calls() as n:`` ... ``n[0]``: the HTTP attempts (retries included) this task and its child
+    tasks made meanwhile."""
+    box = [0]
+    token = _TASK_CALLS.set(box)
+    try:
+        yield box
+    finally:
+        _TASK_CALLS.reset(token)
 
 
 @dataclass
@@ -342,6 +361,9 @@ class ChatClient:
         ep.in_flight += 1
         ep.sent += 1
         self.counters.calls += 1
+        task_calls = _TASK_CALLS.get()
+        if task_calls is not None:
+            task_calls[0] += 1
         self.counters.by_endpoint[ep.base_url] = self.counters.by_endpoint.get(ep.base_url, 0) + 1
         try:
             async with session.post(url, json=body, headers=headers) as resp:

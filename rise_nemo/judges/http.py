@@ -40,6 +40,7 @@ from rise_nemo.judges.client import (
     JudgeFailureCapExceeded,
     LoopThread,
     RetryPolicy,
+    counting_calls,
 )
 from rise_nemo.judges.stats import stats_to_metrics
 
@@ -224,7 +225,7 @@ class HttpJudge:
         """Coroutine form of ``judge``; must run on this judge's loop (``judge`` does that for you)."""
         _check_requests(requests)
         client = self._get_client()
-        started, calls_before, hits_before = time.monotonic(), client.counters.calls, self._cache_hits
+        started, hits = time.monotonic(), 0
         verdicts: list[list[Verdict]] = [[None] * len(r.rubric.criteria) for r in requests]
         owners: dict[str, list[tuple[int, int]]] = {}  # verdict key -> every (request, criterion) slot
         first: list[list[tuple[Criterion, str]]] = [[] for _ in requests]  # uncached work per request
@@ -235,14 +236,16 @@ class HttpJudge:
                 hit = self._cache.get(key) if self._cache is not None else None
                 if hit is not None:
                     verdicts[i][k] = hit
-                    self._cache_hits += 1
+                    hits += 1
                     continue
                 if key not in owners:  # identical triples in one batch are judged once
                     owners[key] = []
                     first[i].append((crit, key))
                 owners[key].append((i, k))
+        self._cache_hits += hits
         units = self._plan_units(requests, first)
-        results = await self._run_units(client, units)  # key -> verdict
+        with counting_calls() as calls:  # this call's own, not those of concurrent judge_async calls
+            results = await self._run_units(client, units)  # key -> verdict
         if self._cache is not None:
             self._cache.put_many({k: v for k, v in results.items() if v is not None})
         for key, slots in owners.items():
@@ -252,7 +255,7 @@ class HttpJudge:
         log.info(
             "judged %d verdicts of %d responses in %.1f s: %d calls, %d cache hits, %d unknown",
             sum(map(len, verdicts)), len(requests), time.monotonic() - started,
-            client.counters.calls - calls_before, self._cache_hits - hits_before, unknown,
+            calls[0], hits, unknown,
         )
         return verdicts
 

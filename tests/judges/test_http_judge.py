@@ -367,6 +367,25 @@ def test_judge_async_returns_what_judge_returns_without_blocking(server, healthb
         judge.judge_async([JudgeRequest([{"role": "user"}], "x", first[0].rubric)])  # refused before any call
 
 
+def test_each_call_logs_its_own_http_calls_and_cache_hits_while_others_are_in_flight(server, healthbench_requests,
+                                                                                    caplog):
+    """The "judged ..." line of a call counts that call's HTTP calls and cache hits, not those of the calls in
+    flight beside it (the pipelined step keeps many in flight on one client): a response judged again is all cache
+    hits and 0 calls."""
+    caplog.set_level(logging.INFO, logger="rise_nemo.judges")
+    server.grader.latency_s = 0.2  # each call outlives the submission of the next (the counts do not depend on it)
+    first, second = healthbench_requests[:4], healthbench_requests[4:9]
+    with make_judge(server.url, "per_criterion") as judge:
+        a, b = judge.judge_async(first), judge.judge_async(second)
+        a.result(timeout=300), b.result(timeout=300)
+        judge.judge(first[:1])
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("judged ")]
+    counts = sorted(tuple(map(int, re.search(r"judged (\d+) verdicts of (\d+) .*: (\d+) calls, (\d+) cache hits",
+                                             line).groups())) for line in lines)
+    n = [sum(len(r.rubric.criteria) for r in reqs) for reqs in (first, second, first[:1])]
+    assert counts == sorted([(n[0], 4, n[0], 0), (n[1], 5, n[1], 0), (n[2], 1, 0, n[2])]), lines
+
+
 def test_latency_model_serves_at_most_max_concurrency_calls_and_charges_reply_tokens(server, healthbench_requests):
     """The rule server as a modelled LLM judge (bench/pipelined_step.py): calls beyond max_concurrency wait
     for a slot; each reply is charged reply_tokens(reply) output tokens (no timing asserted)."""
