@@ -293,13 +293,18 @@ def run_arm(ctx, prompts, step: int, last: dict | None = None):
     return phase, rubric.build_batch(samples, ctx.pad_id), seconds
 
 
+def stage_seconds(timings: dict) -> tuple[float, float]:
+    """(generation, judging) of a sequential phase: its natural and privileged stages summed."""
+    return (timings["natural_generation_s"] + timings.get("privileged_generation_s", 0.0),
+            timings["natural_judging_s"] + timings.get("privileged_judging_s", 0.0))
+
+
 def judge_over_gen(ctx, prompts, steps=(3, 4)) -> float:
     """Judging time over generation time of sequential phases, pooled (calibration steps, not measured ones)."""
     gen = jud = 0.0
     for step in steps:
-        t = run_arm(ctx, prompts, step)[0].timings
-        gen += t["natural_generation_s"] + t.get("privileged_generation_s", 0.0)
-        jud += t["natural_judging_s"] + t.get("privileged_judging_s", 0.0)
+        g, j = stage_seconds(run_arm(ctx, prompts, step)[0].timings)
+        gen, jud = gen + g, jud + j
     return jud / gen
 
 
@@ -353,7 +358,7 @@ def main(argv=None) -> int:
         ctx = build_context(generator, judge_for(server, None), args, pipelined=False)
         run_arm(ctx, prompts, step=1)  # warm-up: the first vLLM requests compile and allocate
         phase, _, _ = run_arm(ctx, prompts, step=2)
-        t_gen = phase.timings["natural_generation_s"] + phase.timings["privileged_generation_s"]
+        t_gen, _ = stage_seconds(phase.timings)
         calls = judge_calls(prompts, phase, args.batch_size)
         slots = max(1, round(calls[0] / args.waves))
         probe = json.dumps({str(k): "NOT_PRESENT" for k in range(1, args.batch_size + 1)})
@@ -393,9 +398,7 @@ def main(argv=None) -> int:
                 for pipelined in order:
                     arms[pipelined] = run_arm(build_context(generator, judge, args, pipelined), prompts, step, last)
                 (seq_phase, seq_batch, seq_s), (pipe_phase, pipe_batch, pipe_s) = arms[False], arms[True]
-                t = seq_phase.timings
-                gen = t["natural_generation_s"] + t.get("privileged_generation_s", 0.0)
-                jud = t["natural_judging_s"] + t.get("privileged_judging_s", 0.0)
+                gen, jud = stage_seconds(seq_phase.timings)
                 same, diff = same_batch(seq_batch, pipe_batch)
                 identical, gap = identical and same, max(gap, diff)
                 for key, value in (("seq", seq_s), ("pipe", pipe_s), ("bound", max(gen, jud)), ("gen", gen),

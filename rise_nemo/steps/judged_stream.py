@@ -228,10 +228,11 @@ class JudgedStream:
             key, first = self._owners[(tag, slot)]
             group = self.groups[key]
             group.rollouts[first + j] = item
-            if group.all_generated:
+            completed = group.all_generated
+            if completed:
                 group.generated_seq = next(self._seq)
             self._wait(_Waiting(key, first + j, self.judge_request(key, item), next(self._seq)))
-            if group.all_generated:  # its waiting responses move ahead of those of groups still generated
+            if completed:  # its waiting responses move ahead of those of groups still generated
                 for waiting in self._waiting_of.pop(key, []):
                     if waiting.live:
                         waiting.live = False
@@ -252,11 +253,10 @@ class JudgedStream:
 
     def _wait(self, waiting: _Waiting) -> None:
         group = self.groups[waiting.key]
-        if not group.all_generated:
-            self._waiting_of.setdefault(waiting.key, []).append(waiting)
         if group.all_generated:
             rank = (group.priority, 0, group.generated_seq, waiting.seq)
         else:
+            self._waiting_of.setdefault(waiting.key, []).append(waiting)
             rank = (group.priority, 1, waiting.seq, 0)
         heapq.heappush(self._waiting, (rank, next(self._pushes), waiting))
 

@@ -82,71 +82,68 @@ class OneAtATimeJudge:
             future.set_result([[True]])
 
 
+class HeldStream:
+    """A stream of one generate call over ``groups`` ((key, size, priority), a slot each) between the manual
+    generator and the one-at-a-time judge, run in a thread until every group is judged."""
+
+    def __init__(self, groups):
+        self.gen, self.judge = ManualGenerator(), OneAtATimeJudge()
+        stream = JudgedStream(self.gen, self.judge,
+                              lambda key, rollout: JudgeRequest([], rollout.response_text, RUBRIC, "p"))
+        for key, size, priority in groups:
+            stream.add_group(key, size, priority)
+        call = stream.call("natural", len(groups), SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4))
+        for slot, (key, _, _) in enumerate(groups):
+            call.put(slot, None, key)
+        self.slot_of = {key: slot for slot, (key, _, _) in enumerate(groups)}
+        self.judged: list = []
+        self.worker = threading.Thread(target=stream.run, daemon=True,
+                                       args=(self.judged.append, lambda: len(self.judged) == len(groups)))
+        self.worker.start()
+
+    def arrive(self, text):
+        """The response named ``text`` = group key + sample index, e.g. "B1"."""
+        self.gen.arrive("natural", self.slot_of[text[0]], int(text[1:]), text)
+
+    def finish(self) -> list[str]:
+        """Answers every call until all groups are judged: the responses in the order they were sent."""
+        while self.worker.is_alive():
+            self.judge.release_all()
+            self.worker.join(timeout=0.05)
+        return [text for text, _ in self.judge.sent]
+
+
 def test_the_next_call_is_the_most_urgent_waiting_response():
-    gen, judge = ManualGenerator(), OneAtATimeJudge()
-    stream = JudgedStream(gen, judge, lambda key, rollout: JudgeRequest([], rollout.response_text, RUBRIC, "p"))
-    for key, size, priority in (("A", 2, 0), ("B", 2, 0), ("C", 2, 0), ("P", 1, 1)):
-        stream.add_group(key, size, priority)
-    call = stream.call("natural", 4, SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4))
-    for slot, key in enumerate("ABCP"):
-        call.put(slot, None, key)
-    judged: list = []
-    worker = threading.Thread(target=stream.run, args=(judged.append, lambda: len(judged) == 4), daemon=True)
-    worker.start()
-    gen.arrive("natural", 0, 0, "A0")
-    judge.wait_sent(1)  # the judge is free: A0 goes at once
-    for slot, j, text in ((2, 0, "C0"), (3, 0, "P0"), (1, 0, "B0"), (1, 1, "B1")):
-        gen.arrive("natural", slot, j, text)
+    held = HeldStream([("A", 2, 0), ("B", 2, 0), ("C", 2, 0), ("P", 1, 1)])
+    held.arrive("A0")
+    held.judge.wait_sent(1)  # the judge is free: A0 goes at once
+    for text in ("C0", "P0", "B0", "B1"):
+        held.arrive(text)
     # All four wait behind A0 (one call at a time). As each call returns, the most urgent one goes next: B (all
     # generated) before C (still generated, though it arrived first); the natural C before the privileged P.
     for n in (2, 3, 4, 5):
-        judge.release_all()
-        judge.wait_sent(n)
-    gen.arrive("natural", 0, 1, "A1")
-    gen.arrive("natural", 2, 1, "C1")
-    while worker.is_alive():
-        judge.release_all()
-        worker.join(timeout=0.05)
-    assert [text for text, _ in judge.sent] == ["A0", "B0", "B1", "C0", "P0", "A1", "C1"]
+        held.judge.release_all()
+        held.judge.wait_sent(n)
+    held.arrive("A1")
+    held.arrive("C1")
+    assert held.finish() == ["A0", "B0", "B1", "C0", "P0", "A1", "C1"]
+    judged = held.judged
     assert sorted(judged) == ["A", "B", "C", "P"] and judged.index("B") < judged.index("A")
 
 
-def run_to_end(stream, gen, judge, groups, arrivals):
-    """Opens one call of ``groups`` ((key, size, priority)), lets the first arrival reach the judge alone, lets the
-    rest arrive while the judge is held, then answers calls one at a time: the responses in the order sent."""
-    for key, size, priority in groups:
-        stream.add_group(key, size, priority)
-    call = stream.call("natural", len(groups), SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4))
-    slot_of = {}
-    for slot, (key, _, _) in enumerate(groups):
-        call.put(slot, None, key)
-        slot_of[key] = slot
-    judged: list = []
-    worker = threading.Thread(target=stream.run, args=(judged.append, lambda: len(judged) == len(groups)),
-                              daemon=True)
-    worker.start()
-    for n, text in enumerate(arrivals):
-        gen.arrive("natural", slot_of[text[0]], int(text[1:]), text)
-        if n == 0:
-            judge.wait_sent(1)
-    for n in range(2, len(arrivals) + 1):
-        judge.release_all()
-        judge.wait_sent(n)
-    while worker.is_alive():
-        judge.release_all()
-        worker.join(timeout=0.05)
-    return [text for text, _ in judge.sent], judged
-
-
 def test_groups_all_generated_are_judged_one_after_another_in_the_order_they_completed():
-    gen, judge = ManualGenerator(), OneAtATimeJudge()
-    stream = JudgedStream(gen, judge, lambda key, rollout: JudgeRequest([], rollout.response_text, RUBRIC, "p"))
+    held = HeldStream([("X", 1, 0), ("D", 2, 0), ("E", 2, 0)])
+    held.arrive("X0")
+    held.judge.wait_sent(1)  # X0 goes at once; the rest arrive while the judge is held
+    for text in ("D0", "E0", "E1", "D1"):
+        held.arrive(text)
+    for n in (2, 3, 4, 5):
+        held.judge.release_all()
+        held.judge.wait_sent(n)
     # D starts first but E completes first: E's two responses go before D's, so E's verdicts (and its privileged
     # request) do not wait for D's; responses of both groups interleaved would delay both groups' verdicts.
-    sent, judged = run_to_end(stream, gen, judge, [("X", 1, 0), ("D", 2, 0), ("E", 2, 0)],
-                              ["X0", "D0", "E0", "E1", "D1"])
-    assert sent == ["X0", "E0", "E1", "D0", "D1"]
-    assert judged == ["X", "E", "D"]
+    assert held.finish() == ["X0", "E0", "E1", "D0", "D1"]
+    assert held.judged == ["X", "E", "D"]
 
 
 @pytest.mark.parametrize("mode, batch_size, criteria, load", [("batched", 6, 11, 11 / 6), ("batched", 6, 6, 1.0),
