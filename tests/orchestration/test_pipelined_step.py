@@ -194,17 +194,32 @@ class HeldJudge:
         requests, future = self.calls[index]
         future.set_result(self.inner.judge(requests))
 
-    def wait_for(self, count: int) -> None:
+    def responses(self) -> int:
+        return sum(len(requests) for requests, _ in self.calls)
+
+    def prompt_ids(self) -> list[str]:
+        """The prompt id of every request received, in order."""
         with self.arrived:
-            assert self.arrived.wait_for(lambda: len(self.calls) >= count, timeout=600)
+            return [r.prompt_id for requests, _ in self.calls for r in requests]
+
+    def wait_for_responses(self, count: int) -> None:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: self.responses() >= count, timeout=600), (
+                f"the judge received {self.responses()} responses, not {count}")
 
 
 def test_hints_are_picked_while_other_prompts_are_still_judged(tiny_tokenizer, tmp_path):
     """Two prompts, 4 samples each, decoded 5 rows at a time: the first chunk (prompt 0 and one sample of prompt 1)
-    goes to the judge before the second chunk is generated; once the first call's verdicts are released, prompt 0's
+    goes to the judge before the second chunk is generated; once the first chunk's verdicts are released, prompt 0's
     hint is picked and its privileged request made while prompt 1's natural group is still unjudged. (The local
     generator then waits for prompt 1's decision to fill its first privileged chunk, as generate would batch them;
-    NeMo-RL's vLLM engine starts the request at once.)"""
+    NeMo-RL's vLLM engine starts the request at once.)
+
+    The test holds the second chunk's decoding until the judge has the first chunk's five responses: a stream that
+    waited for the whole call would never get there (the wait fails). Without the hold, a loaded machine may decode
+    both chunks before the stream's thread runs, and one judge call then carries all eight. The stream sends what has
+    arrived when it wakes, so a chunk may also reach the judge in more than one call: the test counts responses, not
+    calls."""
     from rise_nemo.methods.registry import get_method
     from rise_nemo.steps import rubric
 
@@ -238,6 +253,16 @@ def test_hints_are_picked_while_other_prompts_are_still_judged(tiny_tokenizer, t
         return stream
 
     generator.open_stream = spying_open
+    decode_rows, decoded = generator._decode_rows, []
+    second_chunk = threading.Event()
+
+    def held_decode(rows, params, rng):  # the generator's thread: the second chunk waits for the test
+        decoded.append([(row.slot, row.sample) for row in rows])
+        if len(decoded) == 2:
+            assert second_chunk.wait(timeout=600), "the second chunk was never let through"
+        return decode_rows(rows, params, rng)
+
+    generator._decode_rows = held_decode
     ctx = rubric.StepContext(cfg=cfg, policy=policy, generator=generator, judge=judge, schedule=rubric.make_schedule(cfg),
                              rng=__import__("random").Random(0), method=get_method("rise"), total_steps=3,
                              pipelined=True, request_seeds=True)
@@ -249,21 +274,32 @@ def test_hints_are_picked_while_other_prompts_are_still_judged(tiny_tokenizer, t
         target=lambda: result.update(phase=rubric.pipelined_rollouts(ctx, train, 1, rubric.phase_plan(ctx, train, True))),
         daemon=True)
     worker.start()
-    judge.wait_for(2)
-    assert [len(r) for r, _ in judge.calls] == [5, 3]  # each chunk judged as it was generated
-    judge.release(0)  # prompt 0's four samples and prompt 1's first
-    with made:
-        assert made.wait_for(lambda: any(tag == "privileged" for tag, *_ in puts), timeout=600)
-    tag, slot, done = next(p for p in puts if p[0] == "privileged")
-    assert slot == 0 and done == [True, False]  # prompt 0's request, made while prompt 1's verdicts were held
-    judge.release(1)
-    while worker.is_alive():
-        with judge.arrived:
-            judge.arrived.wait_for(lambda: any(not f.done() for _, f in judge.calls) or not worker.is_alive(),
-                                   timeout=5)
-        for i, (_, future) in enumerate(list(judge.calls)):
-            if not future.done():
-                judge.release(i)
-        worker.join(timeout=1)
+    try:
+        judge.wait_for_responses(5)  # the first chunk judged while the second is not yet generated
+        first = len(judge.calls)
+        assert decoded[0] == [(0, j) for j in range(4)] + [(1, 0)]
+        assert judge.prompt_ids() == ["always-missed"] * 4 + ["pipe-1"]  # the first chunk's responses, no others
+        second_chunk.set()
+        judge.wait_for_responses(8)  # the second chunk's three, held
+        assert decoded[1] == [(1, j) for j in range(1, 4)] and judge.prompt_ids()[5:] == ["pipe-1"] * 3
+        for i in range(first):
+            judge.release(i)  # prompt 0's four samples and prompt 1's first
+        with made:
+            assert made.wait_for(lambda: any(tag == "privileged" for tag, *_ in puts), timeout=600)
+        tag, slot, done = next(p for p in puts if p[0] == "privileged")
+        assert slot == 0  # prompt 0's request, made while prompt 1's last three verdicts were held:
+        assert len(done) > first and done == [True] * first + [False] * (len(done) - first)
+        for i in range(first, len(judge.calls)):
+            judge.release(i)
+        while worker.is_alive():
+            with judge.arrived:
+                judge.arrived.wait_for(lambda: any(not f.done() for _, f in judge.calls) or not worker.is_alive(),
+                                       timeout=5)
+            for i, (_, future) in enumerate(list(judge.calls)):
+                if not future.done():
+                    judge.release(i)
+            worker.join(timeout=1)
+    finally:
+        second_chunk.set()  # a failed wait leaves no generator thread held
     phase = result["phase"]
     assert phase.targets[0] == 0 and len(phase.priv.rollouts[0]) == 4

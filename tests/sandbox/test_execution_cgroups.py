@@ -97,7 +97,7 @@ def test_cgroup_removed_after_every_ending(sandbox, cgroups, roomy_host):
     names = set()
     for what, (code, ended_so) in runs.items():
         res = sandbox.run_python(code, limits=quick)
-        assert ended_so(res), (what, res)
+        assert ended_so(res), (what, res, res.stderr.decode(errors="replace")[-3000:])  # the whole traceback
         assert not any((parent / res.cgroup.split("/")[-1]).exists() for parent in cgroups.parents), what
         names.add(res.cgroup)
     assert len(names) == len(runs) and exec_dirs(sandbox) == []
