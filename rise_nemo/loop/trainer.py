@@ -38,6 +38,7 @@ from rise_nemo.core.rubric import RubricPrompt
 from rise_nemo.interfaces import CountingJudge, Critic, Generator, Judge, Policy, StatsJudge, Verifier
 from rise_nemo.loop import checkpoint as ckpt
 from rise_nemo.loop.data import PromptSampler
+from rise_nemo.loop.gc_freeze import frozen_setup
 from rise_nemo.loop.rundir import RunDirLock, write_config
 from rise_nemo.loop.signals import StopFlag
 from rise_nemo.methods.registry import Method, RunParts, get_method, load_step_implementations
@@ -138,7 +139,8 @@ class Trainer:
                 log.info("config change from step %d: %s: %r -> %r", self.step + 1, key, old, new)
             self._open_sinks()
             self._pretrain_critic()
-            with StopFlag() as stop, self._progress() as bar:
+            # the setup's objects frozen: the steps' full garbage collections skip them (loop/gc_freeze.py)
+            with frozen_setup(), StopFlag() as stop, self._progress() as bar:
                 # A stop that makes a needed server fail (StopInterrupted, rise_nemo/stopping.py) ends the
                 # loop at once; the checkpoint then holds the state from before the interrupted work.
                 interrupted = False
