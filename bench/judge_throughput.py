@@ -25,13 +25,14 @@ import sys
 import time
 from pathlib import Path
 
-from rise_nemo.core.rubric import Criterion, Rubric
-from rise_nemo.data.samples import healthbench_sample_path
-from rise_nemo.interfaces import JudgeRequest
-from rise_nemo.judges.http import build_http_judge
-from rise_nemo.judges.rule_server import rule_verdict
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's rise_nemo, wherever a venv's editable install points
+
+from rise_nemo.core.rubric import Criterion, Rubric  # noqa: E402
+from rise_nemo.data.samples import healthbench_sample_path  # noqa: E402
+from rise_nemo.interfaces import JudgeRequest  # noqa: E402
+from rise_nemo.judges.http import build_http_judge  # noqa: E402
+from rise_nemo.judges.rule_server import rule_verdict  # noqa: E402
 
 
 def load_pool(n_responses: int, n_criteria: int, seed: int = 0) -> list[JudgeRequest]:

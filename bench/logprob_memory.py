@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's rise_nemo (the variants' subprocesses put it first again)
 
 
 def _rss_kib(field: str) -> int:

@@ -46,14 +46,18 @@ Targets (judge ~ as slow as generation): pipelined_ratio <= 1.15, speedup >= 1.4
     NEMO_RL_DIR=... .venv-nemo/bin/python bench/pipelined_step.py [--prompts 16] [--group-size 8] [--repeats 3]
 
 Last line: RESULT pipelined_ratio=<1x> speedup=<1x> identical_batches=<0|1> pipelined_ratio_2x=<> speedup_2x=<>
-judge_over_gen=<measured, 1x> judge_over_gen_2x=<> tail_share=<1x> tail_share_2x=<>
+judge_over_gen=<measured, 1x> judge_over_gen_2x=<> tail_share=<1x> tail_share_2x=<> gc_full_s=<>
 (tail_share: the pipelined arm's two judging tails, after the last natural and after the last privileged response,
-over the same bound as pipelined_ratio: what the ratio holds beyond the generation and judging it overlaps)
+over the same bound as pipelined_ratio: what the ratio holds beyond the generation and judging it overlaps;
+gc_full_s: the driver's seconds in full garbage collections during all measured arms, both settings. The measured
+arms run with the setup's objects frozen out of them, as the trainer runs its steps: ``--no-gc-freeze`` to compare)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import math
 import os
@@ -68,6 +72,7 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's rise_nemo, wherever the venv's editable install points (as the others)
 A0_S, B0_S = 0.5, 0.088  # the modelled judge's per-call constant and seconds per reply token (module docstring)
 REAL_STEP_CALLS = 1000  # a 512-rollout step's calls (11.6 criteria in calls of 6) ...
 REAL_SLOTS = 100  # ... and a 32B vLLM judge's concurrent sequences: ~10 waves
@@ -88,8 +93,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--settings", type=float, nargs="+", default=[1.0, 2.0], help="judge time / generation time")
     ap.add_argument("--calibration-rounds", type=int, default=1,
                     help="sequential measurements that rescale the judge's latency to each setting (0: the estimate)")
+    ap.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
+                    help="measure with the setup's objects frozen out of full garbage collections, as the trainer "
+                         "runs its steps (rise_nemo.loop.gc_freeze)")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
+
+
+class FullCollections:
+    """Seconds the driver spends in full (generation-2) garbage collections while it is entered (gc.callbacks)."""
+
+    def __init__(self):
+        self.seconds, self._started = 0.0, None
+
+    def _observe(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self._observe)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._observe)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -368,68 +399,77 @@ def main(argv=None) -> int:
         print(f"calibration: generation {t_gen:.2f} s per phase, judge calls {calls}, C = {slots}, "
               f"~{tokens} reply tokens per call", flush=True)
 
-        rows, results = [], {}
-        for setting in args.settings:
-            unit = sum(math.ceil(n / slots) for n in calls) * (A0_S + B0_S * tokens)
-            scale = setting * t_gen / unit
-            # That first estimate counts every call as a full one in full waves. A rubric's last call holds only
-            # its remainder criteria and a stage's last wave is partial, so the judge it models is ~0.8x as slow
-            # as the setting asks. Measure it on sequential phases and rescale (judging time is linear in a, b).
-            for _ in range(args.calibration_rounds if setting > 0 else 0):
-                server = JudgeServer(A0_S * scale, B0_S * scale, slots)
+        from rise_nemo.loop.gc_freeze import frozen_setup
+
+        collections, gc_arms = FullCollections(), 0.0  # gc_arms: the collections' seconds in the measured arms
+        with frozen_setup() if args.gc_freeze else contextlib.nullcontext(), collections:
+            rows, results = [], {}
+            for setting in args.settings:
+                unit = sum(math.ceil(n / slots) for n in calls) * (A0_S + B0_S * tokens)
+                scale = setting * t_gen / unit
+                # That first estimate counts every call as a full one in full waves. A rubric's last call holds only
+                # its remainder criteria and a stage's last wave is partial, so the judge it models is ~0.8x as slow
+                # as the setting asks. Measure it on sequential phases and rescale (judging time is linear in a, b).
+                for _ in range(args.calibration_rounds if setting > 0 else 0):
+                    server = JudgeServer(A0_S * scale, B0_S * scale, slots)
+                    servers.append(server)
+                    measured = judge_over_gen(build_context(generator, judge_for(server, slots), args, False), prompts)
+                    print(f"calibration {setting:g}x: judging / generation {measured:.2f} at a = {A0_S * scale:.4f} s",
+                          flush=True)
+                    scale *= setting / measured
+                    server.stop()
+                    servers.remove(server)
+                a, b = A0_S * scale, B0_S * scale
+                server = JudgeServer(a, b, slots)
                 servers.append(server)
-                measured = judge_over_gen(build_context(generator, judge_for(server, slots), args, False), prompts)
-                print(f"calibration {setting:g}x: judging / generation {measured:.2f} at a = {A0_S * scale:.4f} s",
-                      flush=True)
-                scale *= setting / measured
+                judge = judge_for(server, slots)
+                pooled = {"seq": 0.0, "pipe": 0.0, "bound": 0.0, "gen": 0.0, "judge": 0.0}
+                tail_s = 0.0  # the pipelined arm's two judging tails, summed over repeats
+                identical, gap = True, 0.0
+                for r in range(args.repeats):
+                    step = 100 + r
+                    order = [False, True] if r % 2 == 0 else [True, False]
+                    arms = {}
+                    gc_s = {}
+                    for pipelined in order:
+                        before = collections.seconds
+                        arms[pipelined] = run_arm(build_context(generator, judge, args, pipelined), prompts, step, last)
+                        gc_s[pipelined] = collections.seconds - before
+                        gc_arms += gc_s[pipelined]
+                    (seq_phase, seq_batch, seq_s), (pipe_phase, pipe_batch, pipe_s) = arms[False], arms[True]
+                    gen, jud = stage_seconds(seq_phase.timings)
+                    same, diff = same_batch(seq_batch, pipe_batch)
+                    identical, gap = identical and same, max(gap, diff)
+                    for key, value in (("seq", seq_s), ("pipe", pipe_s), ("bound", max(gen, jud)), ("gen", gen),
+                                       ("judge", jud)):
+                        pooled[key] += value
+                    parts = pipe_phase.timings.get("tails", (math.nan,) * 4)
+                    tail_s += parts[1] + parts[3]
+                    rows.append((setting, r, gen, jud, seq_s, pipe_s, pipe_s / max(gen, jud), seq_s / pipe_s, same))
+                    print(f"setting {setting:g}x repeat {r}: generation {gen:.2f} s, judging {jud:.2f} s, sequential "
+                          f"{seq_s:.2f} s, pipelined {pipe_s:.2f} s (ratio {pipe_s / max(gen, jud):.3f}, speedup "
+                          f"{seq_s / pipe_s:.2f}), identical {same} (log-prob gap {diff:.1e}); pipelined: natural "
+                          f"generated {parts[0]:.2f} s, +{parts[1]:.2f} s to its last verdict, privileged generated "
+                          f"+{parts[2]:.2f} s, +{parts[3]:.2f} s to the last verdict; full garbage collections: sequential "
+                          f"{gc_s[False]:.2f} s, pipelined {gc_s[True]:.2f} s", flush=True)
+                results[setting] = (pooled["pipe"] / pooled["bound"], pooled["seq"] / pooled["pipe"],
+                                    pooled["judge"] / pooled["gen"], identical, gap, a, b,
+                                    tail_s / pooled["bound"])
                 server.stop()
                 servers.remove(server)
-            a, b = A0_S * scale, B0_S * scale
-            server = JudgeServer(a, b, slots)
-            servers.append(server)
-            judge = judge_for(server, slots)
-            pooled = {"seq": 0.0, "pipe": 0.0, "bound": 0.0, "gen": 0.0, "judge": 0.0}
-            tail_s = 0.0  # the pipelined arm's two judging tails, summed over repeats
-            identical, gap = True, 0.0
-            for r in range(args.repeats):
-                step = 100 + r
-                order = [False, True] if r % 2 == 0 else [True, False]
-                arms = {}
-                for pipelined in order:
-                    arms[pipelined] = run_arm(build_context(generator, judge, args, pipelined), prompts, step, last)
-                (seq_phase, seq_batch, seq_s), (pipe_phase, pipe_batch, pipe_s) = arms[False], arms[True]
-                gen, jud = stage_seconds(seq_phase.timings)
-                same, diff = same_batch(seq_batch, pipe_batch)
-                identical, gap = identical and same, max(gap, diff)
-                for key, value in (("seq", seq_s), ("pipe", pipe_s), ("bound", max(gen, jud)), ("gen", gen),
-                                   ("judge", jud)):
-                    pooled[key] += value
-                parts = pipe_phase.timings.get("tails", (math.nan,) * 4)
-                tail_s += parts[1] + parts[3]
-                rows.append((setting, r, gen, jud, seq_s, pipe_s, pipe_s / max(gen, jud), seq_s / pipe_s, same))
-                print(f"setting {setting:g}x repeat {r}: generation {gen:.2f} s, judging {jud:.2f} s, sequential "
-                      f"{seq_s:.2f} s, pipelined {pipe_s:.2f} s (ratio {pipe_s / max(gen, jud):.3f}, speedup "
-                      f"{seq_s / pipe_s:.2f}), identical {same} (log-prob gap {diff:.1e}); pipelined: natural "
-                      f"generated {parts[0]:.2f} s, +{parts[1]:.2f} s to its last verdict, privileged generated "
-                      f"+{parts[2]:.2f} s, +{parts[3]:.2f} s to the last verdict", flush=True)
-            results[setting] = (pooled["pipe"] / pooled["bound"], pooled["seq"] / pooled["pipe"],
-                                pooled["judge"] / pooled["gen"], identical, gap, a, b,
-                                tail_s / pooled["bound"])
-            server.stop()
-            servers.remove(server)
-        print("\n| judge / generation (target) | measured | a (s) | b (s/token) | C | sequential / pipelined "
-              "(speedup) | pipelined / max(gen, judge) | judging tails / max(gen, judge) | identical batches |"
-              "\n|---|---|---|---|---|---|---|---|---|")
-        for setting, (ratio, speedup, measured, same, gap, a, b, tail) in results.items():
-            print(f"| {setting:g}x | {measured:.2f} | {a:.4f} | {b:.5f} | {slots} | {speedup:.2f} | {ratio:.3f} | "
-                  f"{tail:.3f} | {int(same)} (log-prob gap {gap:.1e}) |")
-        first, second = args.settings[0], args.settings[-1]
-        ok = all(v[3] for v in results.values())
-        print(f"RESULT pipelined_ratio={results[first][0]:.3f} speedup={results[first][1]:.2f} "
-              f"identical_batches={int(ok)} pipelined_ratio_2x={results[second][0]:.3f} "
-              f"speedup_2x={results[second][1]:.2f} judge_over_gen={results[first][2]:.2f} "
-              f"judge_over_gen_2x={results[second][2]:.2f} tail_share={results[first][7]:.3f} "
-              f"tail_share_2x={results[second][7]:.3f}", flush=True)
+            print("\n| judge / generation (target) | measured | a (s) | b (s/token) | C | sequential / pipelined "
+                  "(speedup) | pipelined / max(gen, judge) | judging tails / max(gen, judge) | identical batches |"
+                  "\n|---|---|---|---|---|---|---|---|---|")
+            for setting, (ratio, speedup, measured, same, gap, a, b, tail) in results.items():
+                print(f"| {setting:g}x | {measured:.2f} | {a:.4f} | {b:.5f} | {slots} | {speedup:.2f} | {ratio:.3f} | "
+                      f"{tail:.3f} | {int(same)} (log-prob gap {gap:.1e}) |")
+            first, second = args.settings[0], args.settings[-1]
+            ok = all(v[3] for v in results.values())
+            print(f"RESULT pipelined_ratio={results[first][0]:.3f} speedup={results[first][1]:.2f} "
+                  f"identical_batches={int(ok)} pipelined_ratio_2x={results[second][0]:.3f} "
+                  f"speedup_2x={results[second][1]:.2f} judge_over_gen={results[first][2]:.2f} "
+                  f"judge_over_gen_2x={results[second][2]:.2f} tail_share={results[first][7]:.3f} "
+                  f"tail_share_2x={results[second][7]:.3f} gc_full_s={gc_arms:.2f}", flush=True)
         generation.shutdown()
         return 0
     finally:

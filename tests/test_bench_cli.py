@@ -40,3 +40,22 @@ def test_trl_parity_cli_quick_and_bad_pairs():
     assert parse_args(["--pairs", "3"]).pairs == 3
     with pytest.raises(SystemExit):
         parse_args(["--pairs", "0"])
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")))
+def test_every_bench_script_measures_this_checkouts_rise_nemo(tmp_path, script):
+    """A bench run with a venv whose editable install points at another checkout (a worktree's venv) must still
+    measure the code beside the script: a decoy rise_nemo ahead of site-packages is never the one imported."""
+    import subprocess
+
+    decoy = tmp_path / "decoy" / "rise_nemo"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text('raise ImportError("the decoy rise_nemo of another checkout was imported")\n')
+    check = (f"import runpy, sys; runpy.run_path({str(BENCH / script)!r}, run_name='bench_import_check'); "
+             f"import rise_nemo; assert rise_nemo.__file__.startswith({str(BENCH.parent)!r}), rise_nemo.__file__")
+    res = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**__import__("os").environ, "PYTHONPATH": str(decoy.parent)})
+    assert res.returncode == 0, res.stderr[-2000:]
