@@ -46,9 +46,12 @@ Targets (judge ~ as slow as generation): pipelined_ratio <= 1.15, speedup >= 1.4
     NEMO_RL_DIR=... .venv-nemo/bin/python bench/pipelined_step.py [--prompts 16] [--group-size 8] [--repeats 3]
 
 Last line: RESULT pipelined_ratio=<1x> speedup=<1x> identical_batches=<0|1> pipelined_ratio_2x=<> speedup_2x=<>
-judge_over_gen=<measured, 1x> judge_over_gen_2x=<> tail_share=<1x> tail_share_2x=<> gc_full_s=<>
+judge_over_gen=<measured, 1x> judge_over_gen_2x=<> tail_share=<1x> tail_share_2x=<> judge_full_share=<1x>
+end_backlog=<1x> gc_full_s=<>
 (tail_share: the pipelined arm's two judging tails, after the last natural and after the last privileged response,
 over the same bound as pipelined_ratio: what the ratio holds beyond the generation and judging it overlaps;
+judge_full_share: the share of the pipelined arms' time with every judge slot in use, and end_backlog: responses
+still unjudged when the last one was generated, mean over repeats (the step's time/judge_* metrics, 1x setting);
 gc_full_s: the driver's seconds in full garbage collections during all measured arms, both settings. The measured
 arms run with the setup's objects frozen out of them, as the trainer runs its steps: ``--no-gc-freeze`` to compare)
 """
@@ -425,6 +428,7 @@ def main(argv=None) -> int:
                 judge = judge_for(server, slots)
                 pooled = {"seq": 0.0, "pipe": 0.0, "bound": 0.0, "gen": 0.0, "judge": 0.0}
                 tail_s = 0.0  # the pipelined arm's two judging tails, summed over repeats
+                saturated_s, backlog = 0.0, 0.0  # the pipelined arm's judge at capacity; unjudged at generation's end
                 identical, gap = True, 0.0
                 for r in range(args.repeats):
                     step = 100 + r
@@ -445,22 +449,27 @@ def main(argv=None) -> int:
                         pooled[key] += value
                     parts = pipe_phase.timings.get("tails", (math.nan,) * 4)
                     tail_s += parts[1] + parts[3]
+                    saturated_s += pipe_phase.timings.get("judge_saturated_s", math.nan)
+                    backlog += pipe_phase.timings.get("judge_backlog_at_generation_end", math.nan)
                     rows.append((setting, r, gen, jud, seq_s, pipe_s, pipe_s / max(gen, jud), seq_s / pipe_s, same))
                     print(f"setting {setting:g}x repeat {r}: generation {gen:.2f} s, judging {jud:.2f} s, sequential "
                           f"{seq_s:.2f} s, pipelined {pipe_s:.2f} s (ratio {pipe_s / max(gen, jud):.3f}, speedup "
                           f"{seq_s / pipe_s:.2f}), identical {same} (log-prob gap {diff:.1e}); pipelined: natural "
                           f"generated {parts[0]:.2f} s, +{parts[1]:.2f} s to its last verdict, privileged generated "
-                          f"+{parts[2]:.2f} s, +{parts[3]:.2f} s to the last verdict; full garbage collections: sequential "
+                          f"+{parts[2]:.2f} s, +{parts[3]:.2f} s to the last verdict (judge full "
+                          f"{pipe_phase.timings.get('judge_saturated_s', math.nan) / pipe_s:.0%} of the phase, "
+                          f"{pipe_phase.timings.get('judge_backlog_at_generation_end', math.nan):.0f} responses "
+                          f"unjudged when the last was generated); full garbage collections: sequential "
                           f"{gc_s[False]:.2f} s, pipelined {gc_s[True]:.2f} s", flush=True)
                 results[setting] = (pooled["pipe"] / pooled["bound"], pooled["seq"] / pooled["pipe"],
                                     pooled["judge"] / pooled["gen"], identical, gap, a, b,
-                                    tail_s / pooled["bound"])
+                                    tail_s / pooled["bound"], saturated_s / pooled["pipe"], backlog / args.repeats)
                 server.stop()
                 servers.remove(server)
             print("\n| judge / generation (target) | measured | a (s) | b (s/token) | C | sequential / pipelined "
                   "(speedup) | pipelined / max(gen, judge) | judging tails / max(gen, judge) | identical batches |"
                   "\n|---|---|---|---|---|---|---|---|---|")
-            for setting, (ratio, speedup, measured, same, gap, a, b, tail) in results.items():
+            for setting, (ratio, speedup, measured, same, gap, a, b, tail, *_) in results.items():
                 print(f"| {setting:g}x | {measured:.2f} | {a:.4f} | {b:.5f} | {slots} | {speedup:.2f} | {ratio:.3f} | "
                       f"{tail:.3f} | {int(same)} (log-prob gap {gap:.1e}) |")
             first, second = args.settings[0], args.settings[-1]
@@ -469,7 +478,8 @@ def main(argv=None) -> int:
                   f"identical_batches={int(ok)} pipelined_ratio_2x={results[second][0]:.3f} "
                   f"speedup_2x={results[second][1]:.2f} judge_over_gen={results[first][2]:.2f} "
                   f"judge_over_gen_2x={results[second][2]:.2f} tail_share={results[first][7]:.3f} "
-                  f"tail_share_2x={results[second][7]:.3f} gc_full_s={gc_arms:.2f}", flush=True)
+                  f"tail_share_2x={results[second][7]:.3f} judge_full_share={results[first][8]:.3f} "
+                  f"end_backlog={results[first][9]:.1f} gc_full_s={gc_arms:.2f}", flush=True)
         generation.shutdown()
         return 0
     finally:

@@ -21,6 +21,11 @@ the rollouts and verdicts the sequential stages would have produced:
   judge error (its failure cap, a stop request) or a generation error is raised from ``run``, the stream closed:
   the caller fails as the sequential stages would;
 - a judge call outliving the judge's own ``timeout_s`` (RayJudge's bound on ``judge``) raises TimeoutError.
+
+It also says what bounded it, for the step's metrics (steps.rubric ``rollout_metrics``): when the last response was
+generated and the last verdict came (the judging generation could not hide), how many responses were still
+unjudged at that moment, and for how many seconds a judge with a known capacity was kept full (the judge, not the
+generator, set the pace then).
 """
 
 from __future__ import annotations
@@ -184,6 +189,14 @@ class JudgedStream:
         self._executor = None if isinstance(judge, AsyncJudge) else concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="rise-judge")
         self.judge_calls = 0
+        # What bounded the stream (module docstring), on ``clock`` (perf_counter; a test's own clock):
+        self.clock: Callable[[], float] = time.perf_counter
+        self.t_last_response: float | None = None  # when the last response arrived (stamped on arrival)
+        self.t_last_verdict: float | None = None
+        self.backlog_at_last_response = 0  # responses generated but not yet judged then, the last one included
+        self.saturated_s = 0.0  # seconds a judge of known capacity had all of it in use
+        self._saturated_since: float | None = None
+        self._unjudged = 0
         self._stream = (generator.open_stream(self._on_rollout) if streams_natively(generator)
                         else CallAtOnceStream(generator, self._on_rollout))
 
@@ -196,7 +209,7 @@ class JudgedStream:
         return StreamCall(self, tag, self._stream.call(tag, slots, params))
 
     def _on_rollout(self, tag, slot, j, item) -> None:  # any thread
-        self._events.put(("rollout", tag, slot, j, item))
+        self._events.put(("rollout", tag, slot, j, item, self.clock()))
 
     def run(self, on_judged: Callable[[Hashable], None], done: Callable[[], bool]) -> None:
         """Judge what is generated, calling ``on_judged(group)`` once per fully judged group, until ``done()``."""
@@ -222,9 +235,11 @@ class JudgedStream:
 
     def _handle(self, event) -> list[Hashable]:
         if event[0] == "rollout":
-            _, tag, slot, j, item = event
+            _, tag, slot, j, item, arrived = event
             if isinstance(item, BaseException):
                 raise item
+            self._unjudged += 1
+            self.t_last_response, self.backlog_at_last_response = arrived, self._unjudged
             key, first = self._owners[(tag, slot)]
             group = self.groups[key]
             group.rollouts[first + j] = item
@@ -240,9 +255,12 @@ class JudgedStream:
             return []
         _, keys, future = event
         self._slots_held -= self._in_flight.pop(future, (0.0, 0.0))[1]
+        self._track_saturation()
         verdicts = future.result()  # raises the judge's error (failure cap, stop), as ``judge`` would
         if len(verdicts) != len(keys):
             raise RuntimeError(f"judge returned {len(verdicts)} verdict lists for {len(keys)} requests")
+        self._unjudged -= len(keys)
+        self.t_last_verdict = self.clock()
         judged = []
         for (key, j), row in zip(keys, verdicts):
             group = self.groups[key]
@@ -292,7 +310,17 @@ class JudgedStream:
         self.judge_calls += 1
         self._in_flight[future] = (time.monotonic(), slots)
         self._slots_held += slots
+        self._track_saturation()
         future.add_done_callback(lambda f, keys=keys: self._events.put(("verdicts", keys, f)))
+
+    def _track_saturation(self) -> None:
+        """Counts ``saturated_s``: called whenever the slots held change (a judge without a known capacity: never full)."""
+        full = self._capacity is not None and self._slots_held >= self._capacity[0]
+        if full and self._saturated_since is None:
+            self._saturated_since = self.clock()
+        elif not full and self._saturated_since is not None:
+            self.saturated_s += self.clock() - self._saturated_since
+            self._saturated_since = None
 
     def _check_timeouts(self) -> None:
         timeout = getattr(self.judge, "timeout_s", None)
@@ -303,6 +331,9 @@ class JudgedStream:
                 raise TimeoutError(f"judge: a call has not returned in {float(timeout):g} s (the judge's timeout_s)")
 
     def close(self) -> None:
+        if self._saturated_since is not None:  # stopped early (an error) with calls in flight
+            self.saturated_s += self.clock() - self._saturated_since
+            self._saturated_since = None
         self._stream.close()
         for future in list(self._in_flight):
             future.cancel()

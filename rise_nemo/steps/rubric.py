@@ -67,7 +67,7 @@ from rise_nemo.interfaces import (
 )
 from rise_nemo.judges.checked import build_checked_judge
 from rise_nemo.methods.registry import RUBRIC, RubricMethod
-from rise_nemo.steps.judged_stream import JudgedStream, streams_natively
+from rise_nemo.steps.judged_stream import JudgedStream, judge_capacity, streams_natively
 from rise_nemo.steps.rollouts import (
     STREAM_HINT,
     STREAM_NATURAL,
@@ -214,6 +214,7 @@ def train_step(ctx: StepContext, prompts: Sequence[RubricPrompt], step: int) -> 
     if ctx.method.guidance:
         ctx.schedule.update(step, delta_r)
     guide_stats["rollout/pipelined"] = bool(ctx.pipelined)
+    guide_stats.update(rollout_metrics(phase))
     return step_metrics(ctx, step, lam, guided_phase, nat, priv, delta_r, batch, train_metrics, guide_stats,
                         times=(t_start, phase.t_natural, phase.t_priv, t_train, time.perf_counter()))
 
@@ -298,6 +299,8 @@ def sequential_rollouts(ctx: StepContext, prompts: Sequence[RubricPrompt], step:
         # eq. 6, judged on the ORIGINAL rubric; one-pass: only the first visits are sampled here
         priv = sample_privileged(ctx, prompts, criteria, targets, step, early_rollouts, timings)
     t_end = time.perf_counter()
+    # what generation could not hide: the last judging stage (rollout_metrics)
+    timings["judge_tail_s"] = timings.get("privileged_judging_s", timings["natural_judging_s"])
     return RolloutPhase(natural, nat, priv, targets, stats, t_natural, t_end, {**timings, "rollout_s": t_end - t0})
 
 
@@ -388,8 +391,32 @@ def pipelined_rollouts(ctx: StepContext, prompts: Sequence[RubricPrompt], step: 
     if plan.guided:
         finish_feedback_stats(plan, decided, stats)
     t_end = time.perf_counter()
-    return RolloutPhase(nat.rollouts, nat, priv, targets, stats, t_natural[0] if t_natural else t_end, t_end,
-                        {"rollout_s": t_end - t0, "judge_calls": float(stream.judge_calls)})
+    timings = {"rollout_s": t_end - t0, "judge_calls": float(stream.judge_calls),
+               "judge_backlog_at_generation_end": float(stream.backlog_at_last_response)}
+    if stream.t_last_response is not None and stream.t_last_verdict is not None:
+        timings["judge_tail_s"] = max(0.0, stream.t_last_verdict - stream.t_last_response)
+    if judge_capacity(ctx.judge) is not None:
+        timings["judge_saturated_s"] = stream.saturated_s
+    return RolloutPhase(nat.rollouts, nat, priv, targets, stats, t_natural[0] if t_natural else t_end, t_end, timings)
+
+
+def rollout_metrics(phase: RolloutPhase) -> dict[str, float | None]:
+    """What bounded the rollout phase, for sizing judge servers against generation:
+    - ``time/judge_tail_s``: from the last generated response to the last verdict, the judging that generation did
+      not hide (sequential: the whole last judging stage; pipelined: ideally one judge call);
+    - ``time/judge_backlog_at_generation_end`` (pipelined): responses still unjudged when the last one was generated;
+    - ``time/judge_saturated_share`` (pipelined, a judge that states its capacity): the share of the phase with every
+      judge slot in use. Near 1 with a long tail: the judge sets the step's pace (more judge replicas, or a larger
+      ``judge.max_concurrency`` if the servers have room); low with a short tail: generation does.
+    All three depend on timing, hence ``time/`` (left out of what a resumed run must reproduce)."""
+    t = phase.timings
+    rollout_s = t.get("rollout_s") or 0.0
+    return {
+        "time/judge_tail_s": t.get("judge_tail_s"),
+        "time/judge_backlog_at_generation_end": t.get("judge_backlog_at_generation_end"),
+        "time/judge_saturated_share": (t["judge_saturated_s"] / rollout_s if "judge_saturated_s" in t and rollout_s > 0
+                                  else None),
+    }
 
 
 def sample_seeds(ctx: StepContext, step: int, stream: int, position: int, n: int) -> tuple[int, ...] | None:

@@ -86,10 +86,12 @@ class HeldStream:
     """A stream of one generate call over ``groups`` ((key, size, priority), a slot each) between the manual
     generator and the one-at-a-time judge, run in a thread until every group is judged."""
 
-    def __init__(self, groups):
-        self.gen, self.judge = ManualGenerator(), OneAtATimeJudge()
-        stream = JudgedStream(self.gen, self.judge,
-                              lambda key, rollout: JudgeRequest([], rollout.response_text, RUBRIC, "p"))
+    def __init__(self, groups, clock=None, judge=None):
+        self.gen, self.judge = ManualGenerator(), judge or OneAtATimeJudge()
+        self.stream = stream = JudgedStream(self.gen, self.judge,
+                                            lambda key, rollout: JudgeRequest([], rollout.response_text, RUBRIC, "p"))
+        if clock is not None:
+            stream.clock = clock
         for key, size, priority in groups:
             stream.add_group(key, size, priority)
         call = stream.call("natural", len(groups), SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4))
@@ -158,3 +160,42 @@ def test_the_http_judge_says_its_capacity_and_what_a_request_occupies(mode, batc
         assert limit == 23 and load_of(request) == pytest.approx(load)
     finally:
         judge.close()
+
+
+def test_the_stream_reports_its_judging_tail_end_backlog_and_saturated_seconds():
+    """On the test's own clock: the judge (one call at a time) is full from the first call to the last verdict
+    but for no instant (the next call goes as the last returns): 6 s; the last response arrives at t=3 with the
+    previous one in flight and itself unjudged (backlog 2), the last verdict comes at t=6 (a 3 s tail)."""
+    now = [0.0]
+    held = HeldStream([("A", 2, 0), ("B", 1, 0)], clock=lambda: now[0])
+    held.arrive("A0")
+    held.judge.wait_sent(1)  # t=0: A0 sent, the judge is full
+    held.arrive("A1")  # waits
+    now[0] = 2.0
+    held.judge.release_all()  # t=2: A0 back, A1 sent
+    held.judge.wait_sent(2)
+    now[0] = 3.0
+    held.arrive("B0")  # the last response: A1 in flight, B0 waiting
+    now[0] = 5.0
+    held.judge.release_all()  # t=5: A1 back (A judged), B0 sent
+    held.judge.wait_sent(3)
+    now[0] = 6.0
+    assert held.finish() == ["A0", "A1", "B0"]  # t=6: B0 back, B judged, the stream ends
+    stream = held.stream
+    assert stream.t_last_response == 3.0 and stream.t_last_verdict == 6.0
+    assert stream.backlog_at_last_response == 2
+    assert stream.saturated_s == pytest.approx(6.0)
+
+
+def test_a_judge_without_a_stated_capacity_is_never_counted_full():
+    class PlainJudge(OneAtATimeJudge):
+        max_concurrency = None  # e.g. a Ray judge that does not know its servers
+
+    now = [0.0]
+    held = HeldStream([("A", 1, 0)], clock=lambda: now[0], judge=PlainJudge())
+    assert judge_capacity(held.judge) is None
+    held.arrive("A0")
+    held.judge.wait_sent(1)
+    now[0] = 4.0
+    assert held.finish() == ["A0"]
+    assert held.stream.saturated_s == 0.0 and held.stream.t_last_verdict - held.stream.t_last_response == 4.0

@@ -138,8 +138,14 @@ def test_auto_pipelines_where_a_judge_has_latency(tmp_path, tiny_tokenizer, grad
     """rise.pipeline=auto: on with the HTTP judge (it does not block), off with the in-process rule judge."""
     _, metrics, trainer = run(tmp_path, tiny_tokenizer, grader.url, "http", ["train.steps=1"])
     assert trainer.ctx.pipelined and metrics[0]["rollout/pipelined"]
+    m = metrics[0]  # what bounded the phase (rubric.rollout_metrics): the HTTP judge states its capacity
+    assert m["time/judge_tail_s"] >= 0 and 0 <= m["time/judge_saturated_share"] <= 1
+    assert m["time/judge_backlog_at_generation_end"] >= 1  # the last response itself, at least
     _, metrics, trainer = run(tmp_path, tiny_tokenizer, grader.url, "rule", ["train.steps=1"], judge=RuleJudge())
     assert not trainer.ctx.pipelined and not metrics[0]["rollout/pipelined"]
+    m = metrics[0]  # sequential: the tail is the last judging stage; nothing else is measured
+    assert m["time/judge_tail_s"] >= 0
+    assert m["time/judge_saturated_share"] is None and m["time/judge_backlog_at_generation_end"] is None
 
 
 def test_judge_faults_mid_stream_are_retried_then_unknown_in_both_modes(tmp_path, tiny_tokenizer, grader):
