@@ -406,7 +406,7 @@ def main(argv=None) -> int:
 
         collections, gc_arms = FullCollections(), 0.0  # gc_arms: the collections' seconds in the measured arms
         with frozen_setup() if args.gc_freeze else contextlib.nullcontext(), collections:
-            rows, results = [], {}
+            results = {}
             for setting in args.settings:
                 unit = sum(math.ceil(n / slots) for n in calls) * (A0_S + B0_S * tokens)
                 scale = setting * t_gen / unit
@@ -449,37 +449,38 @@ def main(argv=None) -> int:
                         pooled[key] += value
                     parts = pipe_phase.timings.get("tails", (math.nan,) * 4)
                     tail_s += parts[1] + parts[3]
-                    saturated_s += pipe_phase.timings.get("judge_saturated_s", math.nan)
-                    backlog += pipe_phase.timings.get("judge_backlog_at_generation_end", math.nan)
-                    rows.append((setting, r, gen, jud, seq_s, pipe_s, pipe_s / max(gen, jud), seq_s / pipe_s, same))
+                    arm_saturated_s = pipe_phase.timings.get("judge_saturated_s", math.nan)
+                    arm_backlog = pipe_phase.timings.get("judge_backlog_at_generation_end", math.nan)
+                    saturated_s, backlog = saturated_s + arm_saturated_s, backlog + arm_backlog
                     print(f"setting {setting:g}x repeat {r}: generation {gen:.2f} s, judging {jud:.2f} s, sequential "
                           f"{seq_s:.2f} s, pipelined {pipe_s:.2f} s (ratio {pipe_s / max(gen, jud):.3f}, speedup "
                           f"{seq_s / pipe_s:.2f}), identical {same} (log-prob gap {diff:.1e}); pipelined: natural "
                           f"generated {parts[0]:.2f} s, +{parts[1]:.2f} s to its last verdict, privileged generated "
                           f"+{parts[2]:.2f} s, +{parts[3]:.2f} s to the last verdict (judge full "
-                          f"{pipe_phase.timings.get('judge_saturated_s', math.nan) / pipe_s:.0%} of the phase, "
-                          f"{pipe_phase.timings.get('judge_backlog_at_generation_end', math.nan):.0f} responses "
+                          f"{arm_saturated_s / pipe_s:.0%} of the phase, {arm_backlog:.0f} responses "
                           f"unjudged when the last was generated); full garbage collections: sequential "
                           f"{gc_s[False]:.2f} s, pipelined {gc_s[True]:.2f} s", flush=True)
-                results[setting] = (pooled["pipe"] / pooled["bound"], pooled["seq"] / pooled["pipe"],
-                                    pooled["judge"] / pooled["gen"], identical, gap, a, b,
-                                    tail_s / pooled["bound"], saturated_s / pooled["pipe"], backlog / args.repeats)
+                results[setting] = dict(ratio=pooled["pipe"] / pooled["bound"], speedup=pooled["seq"] / pooled["pipe"],
+                                        measured=pooled["judge"] / pooled["gen"], identical=identical, gap=gap, a=a,
+                                        b=b, tail=tail_s / pooled["bound"], full=saturated_s / pooled["pipe"],
+                                        backlog=backlog / args.repeats)
                 server.stop()
                 servers.remove(server)
             print("\n| judge / generation (target) | measured | a (s) | b (s/token) | C | sequential / pipelined "
                   "(speedup) | pipelined / max(gen, judge) | judging tails / max(gen, judge) | identical batches |"
                   "\n|---|---|---|---|---|---|---|---|---|")
-            for setting, (ratio, speedup, measured, same, gap, a, b, tail, *_) in results.items():
-                print(f"| {setting:g}x | {measured:.2f} | {a:.4f} | {b:.5f} | {slots} | {speedup:.2f} | {ratio:.3f} | "
-                      f"{tail:.3f} | {int(same)} (log-prob gap {gap:.1e}) |")
-            first, second = args.settings[0], args.settings[-1]
-            ok = all(v[3] for v in results.values())
-            print(f"RESULT pipelined_ratio={results[first][0]:.3f} speedup={results[first][1]:.2f} "
-                  f"identical_batches={int(ok)} pipelined_ratio_2x={results[second][0]:.3f} "
-                  f"speedup_2x={results[second][1]:.2f} judge_over_gen={results[first][2]:.2f} "
-                  f"judge_over_gen_2x={results[second][2]:.2f} tail_share={results[first][7]:.3f} "
-                  f"tail_share_2x={results[second][7]:.3f} judge_full_share={results[first][8]:.3f} "
-                  f"end_backlog={results[first][9]:.1f} gc_full_s={gc_arms:.2f}", flush=True)
+            for setting, v in results.items():
+                print(f"| {setting:g}x | {v['measured']:.2f} | {v['a']:.4f} | {v['b']:.5f} | {slots} | "
+                      f"{v['speedup']:.2f} | {v['ratio']:.3f} | {v['tail']:.3f} | {int(v['identical'])} (log-prob gap "
+                      f"{v['gap']:.1e}) |")
+            first, second = results[args.settings[0]], results[args.settings[-1]]
+            ok = all(v["identical"] for v in results.values())
+            print(f"RESULT pipelined_ratio={first['ratio']:.3f} speedup={first['speedup']:.2f} "
+                  f"identical_batches={int(ok)} pipelined_ratio_2x={second['ratio']:.3f} "
+                  f"speedup_2x={second['speedup']:.2f} judge_over_gen={first['measured']:.2f} "
+                  f"judge_over_gen_2x={second['measured']:.2f} tail_share={first['tail']:.3f} "
+                  f"tail_share_2x={second['tail']:.3f} judge_full_share={first['full']:.3f} "
+                  f"end_backlog={first['backlog']:.1f} gc_full_s={gc_arms:.2f}", flush=True)
         generation.shutdown()
         return 0
     finally:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,13 +51,11 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 def test_every_bench_script_measures_this_checkouts_rise_nemo(tmp_path, script):
     """A bench run with a venv whose editable install points at another checkout (a worktree's venv) must still
     measure the code beside the script: a decoy rise_nemo ahead of site-packages is never the one imported."""
-    import subprocess
-
     decoy = tmp_path / "decoy" / "rise_nemo"
     decoy.mkdir(parents=True)
     (decoy / "__init__.py").write_text('raise ImportError("the decoy rise_nemo of another checkout was imported")\n')
     check = (f"import runpy, sys; runpy.run_path({str(BENCH / script)!r}, run_name='bench_import_check'); "
              f"import rise_nemo; assert rise_nemo.__file__.startswith({str(BENCH.parent)!r}), rise_nemo.__file__")
     res = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                         env={**__import__("os").environ, "PYTHONPATH": str(decoy.parent)})
+                         env={**os.environ, "PYTHONPATH": str(decoy.parent)})
     assert res.returncode == 0, res.stderr[-2000:]

@@ -200,6 +200,11 @@ class JudgedStream:
         self._stream = (generator.open_stream(self._on_rollout) if streams_natively(generator)
                         else CallAtOnceStream(generator, self._on_rollout))
 
+    @property
+    def knows_capacity(self) -> bool:
+        """Whether the judge states its capacity (``judge_capacity``): only then is ``saturated_s`` meaningful."""
+        return self._capacity is not None
+
     def add_group(self, key: Hashable, size: int, priority: int = 0) -> None:
         """A group of ``size`` samples; ``priority``: its responses' place in the judge's order (lower first)."""
         self.groups[key] = Group(size, priority)

@@ -67,7 +67,7 @@ from rise_nemo.interfaces import (
 )
 from rise_nemo.judges.checked import build_checked_judge
 from rise_nemo.methods.registry import RUBRIC, RubricMethod
-from rise_nemo.steps.judged_stream import JudgedStream, judge_capacity, streams_natively
+from rise_nemo.steps.judged_stream import JudgedStream, streams_natively
 from rise_nemo.steps.rollouts import (
     STREAM_HINT,
     STREAM_NATURAL,
@@ -395,7 +395,7 @@ def pipelined_rollouts(ctx: StepContext, prompts: Sequence[RubricPrompt], step: 
                "judge_backlog_at_generation_end": float(stream.backlog_at_last_response)}
     if stream.t_last_response is not None and stream.t_last_verdict is not None:
         timings["judge_tail_s"] = max(0.0, stream.t_last_verdict - stream.t_last_response)
-    if judge_capacity(ctx.judge) is not None:
+    if stream.knows_capacity:
         timings["judge_saturated_s"] = stream.saturated_s
     return RolloutPhase(nat.rollouts, nat, priv, targets, stats, t_natural[0] if t_natural else t_end, t_end, timings)
 
