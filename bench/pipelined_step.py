@@ -53,7 +53,9 @@ over the same bound as pipelined_ratio: what the ratio holds beyond the generati
 judge_full_share: the share of the pipelined arms' time with every judge slot in use, and end_backlog: responses
 still unjudged when the last one was generated, mean over repeats (the step's time/judge_* metrics, 1x setting);
 gc_full_s: the driver's seconds in full garbage collections during all measured arms, both settings. The measured
-arms run with the setup's objects frozen out of them, as the trainer runs its steps: ``--no-gc-freeze`` to compare)
+arms run with the setup's objects frozen out of them, as the trainer runs its steps: ``--no-gc-freeze`` to compare).
+A setting whose measured arms judged more than 15% off its judge / generation prints a WARNING line before RESULT:
+its figures then describe another judge (calibration_miss).
 """
 
 from __future__ import annotations
@@ -79,6 +81,20 @@ sys.path.insert(0, str(REPO))  # this checkout's rise_nemo, wherever the venv's 
 A0_S, B0_S = 0.5, 0.088  # the modelled judge's per-call constant and seconds per reply token (module docstring)
 REAL_STEP_CALLS = 1000  # a 512-rollout step's calls (11.6 criteria in calls of 6) ...
 REAL_SLOTS = 100  # ... and a 32B vLLM judge's concurrent sequences: ~10 waves
+# How far (relative) the measured arms' judging / generation may stray from the setting before the run says that
+# its figures are not the setting's: at 2x the calibrated judge measures 1.8-1.9 (-5 to -10%); one 1x run read 1.25.
+CALIBRATION_TOLERANCE = 0.15
+
+
+def calibration_miss(setting: float, measured: float, tolerance: float = CALIBRATION_TOLERANCE) -> str | None:
+    """A warning when a setting's measured arms judged for ``measured`` x their generation, more than ``tolerance``
+    (relative) away from ``setting``: the machine's pace changed between calibration and the arms, and the setting's
+    ratio and speedup then describe another judge than the one the target names (a slower judge lowers the ratio)."""
+    if setting <= 0 or abs(measured / setting - 1.0) <= tolerance:
+        return None
+    return (f"WARNING: setting {setting:g}x measured judging / generation {measured:.2f}, "
+            f"{measured / setting - 1.0:+.0%} off the setting (tolerance {tolerance:.0%}): its ratio and speedup are "
+            f"not comparable with other runs of {setting:g}x; rerun, or raise --calibration-rounds")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -473,6 +489,10 @@ def main(argv=None) -> int:
                 print(f"| {setting:g}x | {v['measured']:.2f} | {v['a']:.4f} | {v['b']:.5f} | {slots} | "
                       f"{v['speedup']:.2f} | {v['ratio']:.3f} | {v['tail']:.3f} | {int(v['identical'])} (log-prob gap "
                       f"{v['gap']:.1e}) |")
+            for setting, v in results.items():
+                warning = calibration_miss(setting, v["measured"])
+                if warning:
+                    print(warning, flush=True)
             first, second = results[args.settings[0]], results[args.settings[-1]]
             ok = all(v["identical"] for v in results.values())
             print(f"RESULT pipelined_ratio={first['ratio']:.3f} speedup={first['speedup']:.2f} "

@@ -59,3 +59,16 @@ def test_every_bench_script_measures_this_checkouts_rise_nemo(tmp_path, script):
     res = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(decoy.parent)})
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_the_pipelined_bench_warns_when_its_arms_miss_the_judge_setting():
+    """A run whose calibration missed (one 1x run measured judging at 1.25x generation, ratio 1.088) must say so
+    next to its figures; the usual spread (1x measures 0.96-1.02, 2x 1.81-1.86) must not."""
+    from bench.pipelined_step import calibration_miss
+
+    for setting, measured in ((1.0, 0.96), (1.0, 1.02), (2.0, 1.81), (2.0, 1.86), (1.0, 1.14), (1.0, 0.86)):
+        assert calibration_miss(setting, measured) is None, (setting, measured)
+    warning = calibration_miss(1.0, 1.25)
+    assert warning is not None and "1x" in warning and "1.25" in warning and "+25%" in warning
+    assert "-20%" in calibration_miss(2.0, 1.6)
+    assert calibration_miss(0.0, 5.0) is None  # the instant judge has no setting to miss
