@@ -268,6 +268,34 @@ def test_rubric_environment_inside_nemo_rollout(tmp_path):
         ray.shutdown()
 
 
+@pytest.mark.parametrize("overrides, refused", [
+    (["rise.pipeline=true"], "rise.pipeline: true"),
+    (["sampling.request_seeds=true"], "sampling.request_seeds: true"),
+    (["rise.pipeline=true", "sampling.request_seeds=true"], "sampling.request_seeds: true (a seed per request) and "
+                                                             "rise.pipeline: true"),
+])
+def test_keys_only_the_async_engine_serves_are_refused_at_the_master_config(overrides, refused, tmp_path,
+                                                                             monkeypatch):
+    """rise_14b on NeMo-RL's synchronous vLLM engine (its base config's default) with a key only the async engine
+    serves: refused when the master config is built, before any worker starts, naming both keys. It used to fail on
+    the first step, once the cluster was built and the models loaded. With the async engine the same keys pass."""
+    from rise_nemo.backends.nemo import plain_recipe
+    from rise_nemo.backends.nemo.config import NemoConfigError, build_master_config
+    from rise_nemo.config.loader import load_config
+
+    monkeypatch.setenv("NEMO_RL_DIR", str(Path(nemo_rl.__file__).resolve().parents[1]))
+    recipe = plain_recipe(load_config(REPO / "recipes" / "rise_14b.yaml", overrides))
+    with pytest.raises(NemoConfigError, match="async_engine is false") as err:
+        build_master_config(recipe, str(tmp_path))
+    assert refused in str(err.value) and "nemo.policy.generation.vllm_cfg.async_engine: true" in str(err.value)
+    build_master_config(plain_recipe(load_config(REPO / "recipes" / "rise_14b.yaml", overrides + [
+        "++nemo.policy.generation.vllm_cfg.async_engine=true"])), str(tmp_path))
+    # auto (the default) picks what the engine can do; a method without the rubric step does not read rise.pipeline
+    build_master_config(plain_recipe(load_config(REPO / "recipes" / "rise_14b.yaml")), str(tmp_path))
+    build_master_config(plain_recipe(load_config(REPO / "recipes" / "opd_14b_teacher32b.yaml",
+                                                 ["rise.pipeline=true"])), str(tmp_path))
+
+
 @pytest.mark.parametrize("name", ["rise_4b.yaml", "rise_14b.yaml", "ruscarl_14b.yaml", "opd_14b_teacher32b.yaml",
                                   "opd_4b_teacher14b.yaml"])
 def test_recipes_pass_nemo_rl_master_config(name, tmp_path, monkeypatch):

@@ -268,7 +268,30 @@ def build_master_config(recipe: Mapping[str, Any], run_dir: str) -> dict[str, An
     master = OmegaConf.to_container(merged, resolve=True)
     check_dtensor_worker(master)
     check_dtensor_top_p(master)
+    check_streaming_keys(recipe, master)
     return master
+
+
+def check_streaming_keys(recipe: Mapping[str, Any], master: Mapping[str, Any]) -> None:
+    """Keys set to true that only NeMo-RL's async vLLM engine can serve, refused while the merged config (the base
+    example config decides where the recipe is silent) runs the synchronous engine. Unchecked, the run would build
+    its cluster and load its models, then fail on its first step (NemoGenerator.open_stream / generate)."""
+    vllm_cfg = (((master.get("policy") or {}).get("generation") or {}).get("vllm_cfg")) or {}
+    if bool(vllm_cfg.get("async_engine", False)):
+        return
+    from rise_nemo.methods.registry import DEFAULT_METHOD, METHODS, RubricMethod
+
+    wanted = []
+    if get(recipe, "sampling.request_seeds", "auto") is True:
+        wanted.append("sampling.request_seeds: true (a seed per request)")
+    if isinstance(METHODS.get(str(recipe.get("method") or DEFAULT_METHOD)), RubricMethod) and \
+            get(recipe, "rise.pipeline", "auto") is True:
+        wanted.append("rise.pipeline: true (judging responses while others are generated)")
+    if wanted:
+        raise NemoConfigError(f"recipe key {' and '.join(wanted)} needs NeMo-RL's async vLLM engine, and "
+                              "nemo.policy.generation.vllm_cfg.async_engine is false here (the synchronous engine "
+                              "returns a batch only when all of it is generated): set "
+                              "nemo.policy.generation.vllm_cfg.async_engine: true, or the key to auto")
 
 
 def shape_mismatch(base: Any, override: Any, prefix: str = "") -> str | None:
