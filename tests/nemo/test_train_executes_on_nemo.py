@@ -222,6 +222,27 @@ def test_pipelined_rise_step_on_the_async_vllm_engine(nemo_env, tiny_model, tmp_
     assert m["nemo/sampler_logprob_abs_err"] < 1e-4, m
 
 
+def test_pipelined_step_on_the_synchronous_engine_is_refused_before_any_worker(nemo_env, tiny_model, tmp_path):
+    """rise.pipeline: true on NeMo-RL's synchronous vLLM engine (the base config's default): `rise-nemo train` exits 2
+    with one line naming rise.pipeline and vllm_cfg.async_engine, and no NeMo-RL worker was built. It used to build
+    the cluster, load the policy and vLLM, and fail on the first step."""
+    run_dir = tmp_path / "run"
+    tree = _common(run_dir, tiny_model, steps=1)
+    tree["rise"] = {"pipeline": True}
+    tree["data"] = {"source": "jsonl", "format": "auto",
+                    "train_path": write_jsonl(tmp_path / "train.jsonl", random_model_prompts(4)),
+                    "eval_path": write_jsonl(tmp_path / "eval.jsonl", random_model_prompts(2, 4))}
+    tree["nemo"]["plan"]["judge"] = {"nodes": 0}
+    proc = subprocess.run([sys.executable, "-m", "rise_nemo.cli", "train", "--config",
+                           str(cpu_recipe(tmp_path, "rise_4b", tree)), "judge={type: rule}"],
+                          cwd=tmp_path, env=nemo_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    lines = [line for line in proc.stderr.splitlines() if "rise.pipeline: true" in line]
+    assert len(lines) == 1 and "nemo.policy.generation.vllm_cfg.async_engine: true" in lines[0], proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr and "Initializing vllm_policy workers" not in proc.stderr
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
+
+
 def test_sparse_grpo_math_step(nemo_env, tiny_model, tmp_path):
     """The sparse-reward GRPO math recipe (recipes/grpo_math_qwen3_4b.yaml) for one step on real MATH rows:
     math-verify rewards, token advantages, one NeMo-RL train call."""

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rise_nemo.backends.nemo.keys import ALGORITHMS, NEMO_DISTILLATION, NEMO_GRPO
+from rise_nemo.errors import UserError
 from rise_nemo.recipe_keys import RecipeKeyError, get
 
 OUR_KEYS = ("base", "adapter", "plan", "algorithm")
@@ -35,8 +36,9 @@ DEFAULT_NEMO_RL_DIR = "/opt/nemo-rl"  # where the NeMo-RL container keeps its ch
 
 
 
-class NemoConfigError(ValueError):
-    """A bad ``nemo:`` block; the message names the dotted recipe key."""
+class NemoConfigError(UserError):
+    """A bad ``nemo:`` block; the message names the dotted recipe key. A UserError (a ValueError): the commands report
+    it in one line with exit code 2, also when it is found as the master config is built, after the early checks."""
 
 
 def _has(tree: Mapping[str, Any], dotted: str) -> bool:
