@@ -290,10 +290,11 @@ def check_streaming_keys(recipe: Mapping[str, Any], master: Mapping[str, Any]) -
             get(recipe, "rise.pipeline", "auto") is True:
         wanted.append("rise.pipeline: true (judging responses while others are generated)")
     if wanted:
-        raise NemoConfigError(f"recipe key {' and '.join(wanted)} needs NeMo-RL's async vLLM engine, and "
+        keys, need, them = ("recipe key", "needs", "it") if len(wanted) == 1 else ("recipe keys", "need", "them")
+        raise NemoConfigError(f"{keys} {' and '.join(wanted)} {need} NeMo-RL's async vLLM engine, and "
                               "nemo.policy.generation.vllm_cfg.async_engine is false here (the synchronous engine "
                               "returns a batch only when all of it is generated): set "
-                              "nemo.policy.generation.vllm_cfg.async_engine: true, or the key to auto")
+                              f"nemo.policy.generation.vllm_cfg.async_engine: true, or set {them} to auto")
 
 
 def shape_mismatch(base: Any, override: Any, prefix: str = "") -> str | None:
