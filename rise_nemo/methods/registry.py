@@ -355,6 +355,12 @@ def get_method(name: str) -> Method:
     return METHODS[name]
 
 
+def recipe_method(recipe: Mapping[str, Any]) -> Method | None:
+    """The method a plain recipe tree names (``method:``, the default when absent); None for an unknown name (the
+    config loader refuses those, naming the key)."""
+    return METHODS.get(str(recipe.get("method") or DEFAULT_METHOD))
+
+
 def made_of(method: Method) -> str:
     """What a method is made of, in a few words (the registry table of docs/methods.md)."""
     if isinstance(method, RubricMethod):

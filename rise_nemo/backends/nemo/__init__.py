@@ -31,6 +31,7 @@ from rise_nemo.backends.nemo.config import (
     NemoConfigError,
     algorithm,
     build_master_config,
+    uses_async_engine,
     validate_nemo_block,
 )
 from rise_nemo.recipe_keys import get
@@ -249,7 +250,7 @@ def seeded_workers(generation_config: Mapping[str, Any]):
     """``seeding.seeded_generation_workers()`` for NeMo-RL's async vLLM engine, else nothing to substitute."""
     from contextlib import nullcontext
 
-    if not bool((generation_config.get("vllm_cfg") or {}).get("async_engine", False)):
+    if not uses_async_engine(generation_config):
         return nullcontext()
     from rise_nemo.backends.nemo.seeding import seeded_generation_workers
 

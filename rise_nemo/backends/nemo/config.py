@@ -58,6 +58,13 @@ def _set(tree: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def uses_async_engine(generation: Mapping[str, Any] | None) -> bool:
+    """Whether a ``policy.generation`` block (the recipe's, or the merged master config's) runs NeMo-RL's async vLLM
+    engine (``vllm_cfg.async_engine``): the engine that streams samples and takes a seed per request."""
+    vllm_cfg = generation.get("vllm_cfg") if isinstance(generation, Mapping) else None
+    return isinstance(vllm_cfg, Mapping) and bool(vllm_cfg.get("async_engine", False))
+
+
 def algorithm(recipe: Mapping[str, Any]) -> str:
     return str(get(recipe, "nemo.algorithm", NEMO_GRPO))
 
@@ -94,7 +101,7 @@ def validate_nemo_block(recipe: Mapping[str, Any]) -> None:
         raise NemoConfigError(str(exc)) from exc
     if algo == NEMO_GRPO and get(recipe, "nemo.policy.generation.backend", "vllm") != "vllm":
         raise NemoConfigError("recipe key nemo.policy.generation.backend: the nemo backend generates with vllm only")
-    if bool(get(recipe, "nemo.policy.generation.vllm_cfg.async_engine", False)) and \
+    if uses_async_engine(get(recipe, "nemo.policy.generation", None)) and \
             get(recipe, "nemo.policy.generation.quant_cfg", None) is not None:
         # NeMo-RL then builds its ModelOpt worker (vllm/utils.py:394-403), which does not take a request's seed
         # (rise_nemo.backends.nemo.seeding): streamed samples would depend on what vLLM batches them with.
@@ -278,15 +285,14 @@ def check_streaming_keys(recipe: Mapping[str, Any], master: Mapping[str, Any]) -
     """Keys set to true that only NeMo-RL's async vLLM engine can serve, refused while the merged config (the base
     example config decides where the recipe is silent) runs the synchronous engine. Unchecked, the run would build
     its cluster and load its models, then fail on its first step (NemoGenerator.open_stream / generate)."""
-    vllm_cfg = (((master.get("policy") or {}).get("generation") or {}).get("vllm_cfg")) or {}
-    if bool(vllm_cfg.get("async_engine", False)):
+    if uses_async_engine((master.get("policy") or {}).get("generation")):
         return
-    from rise_nemo.methods.registry import DEFAULT_METHOD, METHODS, RubricMethod
+    from rise_nemo.methods.registry import RubricMethod, recipe_method
 
     wanted = []
     if get(recipe, "sampling.request_seeds", "auto") is True:
         wanted.append("sampling.request_seeds: true (a seed per request)")
-    if isinstance(METHODS.get(str(recipe.get("method") or DEFAULT_METHOD)), RubricMethod) and \
+    if isinstance(recipe_method(recipe), RubricMethod) and \
             get(recipe, "rise.pipeline", "auto") is True:
         wanted.append("rise.pipeline: true (judging responses while others are generated)")
     if wanted:

@@ -64,9 +64,9 @@ def layout_line(recipe: Mapping[str, Any]) -> str:
 def has_critic(recipe: Mapping[str, Any]) -> bool:
     """Whether the recipe's method trains a value model (a reasoning method whose advantage estimator reads a
     critic: ``ReasoningMethod.critic``)."""
-    from rise_nemo.methods.registry import DEFAULT_METHOD, METHODS, ReasoningMethod
+    from rise_nemo.methods.registry import ReasoningMethod, recipe_method
 
-    method = METHODS.get(str(recipe.get("method") or DEFAULT_METHOD))
+    method = recipe_method(recipe)
     return isinstance(method, ReasoningMethod) and method.critic
 
 

@@ -30,6 +30,7 @@ from rise_nemo.backends.nemo.batch import (
     sum_microbatch_metrics,
     to_nemo_train_batch,
 )
+from rise_nemo.backends.nemo.config import uses_async_engine
 from rise_nemo.backends.nemo.failfast import shut_down_at_exit
 from rise_nemo.backends.nemo.loss import RiseLossFunction
 from rise_nemo.core.losses import loss_needs_prev_logprobs, loss_needs_reference_logprobs
@@ -138,7 +139,7 @@ class NemoGenerator:
         self.eos_ids = [int(t) for t in stop if t is not None]
         self.max_model_len = int((gen.get("vllm_cfg") or {}).get("max_model_len") or 0) or None
         # NeMo-RL's async engine streams samples (VllmGeneration.generate_async): streaming.NemoRolloutStream
-        self.streams = bool((gen.get("vllm_cfg") or {}).get("async_engine", False))
+        self.streams = uses_async_engine(gen)
         # vLLM's continuous batching has no per-call random stream: reproducible samples need a seed per request
         self.seeds_per_request = self.streams
 
