@@ -35,19 +35,28 @@ reply tokens are what the rule grader actually answers (4 characters a token), i
 vLLM's structured output makes a real judge write.
 
 Each setting runs ``--repeats`` pairs (sequential, pipelined), alternating which goes first, each pair on its own
-step number (its own seeds), the same prompts and seeds within a pair. Reported per setting, pooled over repeats:
+step number (its own request seeds: an independent draw of every sample), the same prompts and seeds within a pair.
+Reported per setting, pooled over repeats:
   pipelined_ratio = sum(pipelined phase) / sum(max(generation, judging) of the sequential phase of the same pair)
   speedup         = sum(sequential phase) / sum(pipelined phase)
   identical       = every pair's two training batches equal (token ids, masks, advantages, kinds, counts exactly;
                     vLLM's sampling log-probs to 1e-5: its CPU kernels round differently with the batch a request
                     shares, which seeds cannot fix)
 Targets (judge ~ as slow as generation): pipelined_ratio <= 1.15, speedup >= 1.4, identical_batches = 1.
+The two ratios come with 95% intervals over the repeats (rise_nemo.core.comparison.pooled_ratio: the pairs are the
+independent units, resampled with replacement, Hesterberg's expanded percentile interval) and a verdict: for the
+ratio's ceiling ``met`` (the interval at or under 1.15), ``not_met`` (above it), ``undecided`` (the interval holds
+1.15), ``underpowered`` (fewer than comparison.MIN_SEEDS repeats); for the speedup comparison.verdict against 1.4.
+12 repeats by default because three draws decide little: one draw's ratio ranged 1.05-1.27 over the 12 draws of
+seeds 0-3, and the three draws of steps 100-102 at seed 0 (the default until 2026-12-05) read 1.11-1.14 pooled in
+seven runs against 1.156 pooled over 48 draws of 16 seeds.
 
     NEMO_RL_DIR=... .venv-nemo/bin/python bench/pipelined_step.py [--prompts 16] [--group-size 8] [--repeats 3]
 
-Last line: RESULT pipelined_ratio=<1x> speedup=<1x> identical_batches=<0|1> pipelined_ratio_2x=<> speedup_2x=<>
-judge_over_gen=<measured, 1x> judge_over_gen_2x=<> tail_share=<1x> tail_share_2x=<> judge_full_share=<1x>
-end_backlog=<1x> gc_full_s=<>
+Last line: RESULT pipelined_ratio=<1x> pipelined_ratio_lo=<> pipelined_ratio_hi=<> pipelined_ratio_verdict=<>
+speedup=<1x> speedup_lo=<> speedup_hi=<> speedup_verdict=<> identical_batches=<0|1> pipelined_ratio_2x=<>
+speedup_2x=<> judge_over_gen=<measured, 1x> judge_over_gen_2x=<> tail_share=<1x> tail_share_2x=<>
+judge_full_share=<1x> end_backlog=<1x> gc_full_s=<>
 (tail_share: the pipelined arm's two judging tails, after the last natural and after the last privileged response,
 over the same bound as pipelined_ratio: what the ratio holds beyond the generation and judging it overlaps;
 judge_full_share: the share of the pipelined arms' time with every judge slot in use, and end_backlog: responses
@@ -84,6 +93,7 @@ REAL_SLOTS = 100  # ... and a 32B vLLM judge's concurrent sequences: ~10 waves
 # How far (relative) the measured arms' judging / generation may stray from the setting before the run says that
 # its figures are not the setting's: at 2x the calibrated judge measures 1.8-1.9 (-5 to -10%); one 1x run read 1.25.
 CALIBRATION_TOLERANCE = 0.15
+RATIO_CEILING, SPEEDUP_TARGET = 1.15, 1.4  # the issue's targets at the 1x judge
 
 
 def calibration_miss(setting: float, measured: float, tolerance: float = CALIBRATION_TOLERANCE) -> str | None:
@@ -97,6 +107,33 @@ def calibration_miss(setting: float, measured: float, tolerance: float = CALIBRA
             f"not comparable with other runs of {setting:g}x; rerun, or raise --calibration-rounds")
 
 
+def pooled_intervals(pipelined: list[float], bound: list[float], sequential: list[float]):
+    """(pipelined_ratio, speedup, the ratio's verdict against RATIO_CEILING) over the repeats' pairs, each pair an
+    independent unit: comparison.Interval's point, lo and hi (the speedup's verdict is comparison's own, against
+    SPEEDUP_TARGET; the ratio's is ``ceiling_verdict``)."""
+    from rise_nemo.core.comparison import pooled_ratio
+
+    def units(values):
+        return [[v] for v in values]
+
+    ratio = pooled_ratio(units(pipelined), units(bound), target=RATIO_CEILING)
+    speedup = pooled_ratio(units(sequential), units(pipelined), target=SPEEDUP_TARGET)
+    return ratio, speedup, ceiling_verdict(ratio.lo, ratio.hi, RATIO_CEILING, len(pipelined))
+
+
+def ceiling_verdict(lo: float, hi: float, ceiling: float, units: int) -> str:
+    """A target that is a ceiling (at most ``ceiling``), decided on the interval [lo, hi] over ``units``
+    independent draws: met when all of it is at or under the ceiling, not_met when all of it is above, undecided
+    when it holds the ceiling; underpowered below comparison.MIN_SEEDS draws, whatever the interval."""
+    from rise_nemo.core.comparison import MIN_SEEDS
+
+    if units < MIN_SEEDS or math.isnan(lo) or math.isnan(hi):
+        return "underpowered"
+    if hi <= ceiling:
+        return "met"
+    return "not_met" if lo > ceiling else "undecided"
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=16)
@@ -106,7 +143,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=6, help="criteria per judge call (batched mode)")
     ap.add_argument("--waves", type=float, default=REAL_STEP_CALLS / REAL_SLOTS,
                     help="a judge stage's calls / the judge's concurrency (sets C)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=12,
+                    help="pairs per setting, each its own draw (the intervals are over them)")
     ap.add_argument("--client-concurrency", type=int, default=None,
                     help="the HTTP judge client's max_concurrency (default: the judge's C)")
     ap.add_argument("--settings", type=float, nargs="+", default=[1.0, 2.0], help="judge time / generation time")
@@ -443,6 +481,7 @@ def main(argv=None) -> int:
                 servers.append(server)
                 judge = judge_for(server, slots)
                 pooled = {"seq": 0.0, "pipe": 0.0, "bound": 0.0, "gen": 0.0, "judge": 0.0}
+                per_pair: dict[str, list[float]] = {"seq": [], "pipe": [], "bound": []}  # the intervals' units
                 tail_s = 0.0  # the pipelined arm's two judging tails, summed over repeats
                 saturated_s, backlog = 0.0, 0.0  # the pipelined arm's judge at capacity; unjudged at generation's end
                 identical, gap = True, 0.0
@@ -463,6 +502,8 @@ def main(argv=None) -> int:
                     for key, value in (("seq", seq_s), ("pipe", pipe_s), ("bound", max(gen, jud)), ("gen", gen),
                                        ("judge", jud)):
                         pooled[key] += value
+                        if key in per_pair:
+                            per_pair[key].append(value)
                     parts = pipe_phase.timings.get("tails", (math.nan,) * 4)
                     tail_s += parts[1] + parts[3]
                     arm_saturated_s = pipe_phase.timings.get("judge_saturated_s", math.nan)
@@ -476,26 +517,34 @@ def main(argv=None) -> int:
                           f"{arm_saturated_s / pipe_s:.0%} of the phase, {arm_backlog:.0f} responses "
                           f"unjudged when the last was generated); full garbage collections: sequential "
                           f"{gc_s[False]:.2f} s, pipelined {gc_s[True]:.2f} s", flush=True)
+                ratio_iv, speedup_iv, ratio_verdict = pooled_intervals(per_pair["pipe"], per_pair["bound"],
+                                                                       per_pair["seq"])
                 results[setting] = dict(ratio=pooled["pipe"] / pooled["bound"], speedup=pooled["seq"] / pooled["pipe"],
                                         measured=pooled["judge"] / pooled["gen"], identical=identical, gap=gap, a=a,
                                         b=b, tail=tail_s / pooled["bound"], full=saturated_s / pooled["pipe"],
-                                        backlog=backlog / args.repeats)
+                                        backlog=backlog / args.repeats, ratio_iv=ratio_iv, speedup_iv=speedup_iv,
+                                        ratio_verdict=ratio_verdict)
                 server.stop()
                 servers.remove(server)
-            print("\n| judge / generation (target) | measured | a (s) | b (s/token) | C | sequential / pipelined "
-                  "(speedup) | pipelined / max(gen, judge) | judging tails / max(gen, judge) | identical batches |"
-                  "\n|---|---|---|---|---|---|---|---|---|")
+            print(f"\n| judge / generation (target) | measured | a (s) | b (s/token) | C | sequential / pipelined "
+                  f"(speedup), 95% over {args.repeats} repeats | pipelined / max(gen, judge), 95% | judging tails / "
+                  f"max(gen, judge) | identical batches |\n|---|---|---|---|---|---|---|---|---|")
             for setting, v in results.items():
+                s_iv, r_iv = v["speedup_iv"], v["ratio_iv"]
                 print(f"| {setting:g}x | {v['measured']:.2f} | {v['a']:.4f} | {v['b']:.5f} | {slots} | "
-                      f"{v['speedup']:.2f} | {v['ratio']:.3f} | {v['tail']:.3f} | {int(v['identical'])} (log-prob gap "
-                      f"{v['gap']:.1e}) |")
+                      f"{v['speedup']:.2f} [{s_iv.lo:.2f}, {s_iv.hi:.2f}] | {v['ratio']:.3f} [{r_iv.lo:.3f}, "
+                      f"{r_iv.hi:.3f}] | {v['tail']:.3f} | {int(v['identical'])} (log-prob gap {v['gap']:.1e}) |")
             for setting, v in results.items():
                 warning = calibration_miss(setting, v["measured"])
                 if warning:
                     print(warning, flush=True)
             first, second = results[args.settings[0]], results[args.settings[-1]]
             ok = all(v["identical"] for v in results.values())
-            print(f"RESULT pipelined_ratio={first['ratio']:.3f} speedup={first['speedup']:.2f} "
+            r_iv, s_iv = first["ratio_iv"], first["speedup_iv"]
+            print(f"RESULT pipelined_ratio={first['ratio']:.3f} pipelined_ratio_lo={r_iv.lo:.3f} "
+                  f"pipelined_ratio_hi={r_iv.hi:.3f} pipelined_ratio_verdict={first['ratio_verdict']} "
+                  f"speedup={first['speedup']:.2f} speedup_lo={s_iv.lo:.2f} speedup_hi={s_iv.hi:.2f} "
+                  f"speedup_verdict={s_iv.verdict} "
                   f"identical_batches={int(ok)} pipelined_ratio_2x={second['ratio']:.3f} "
                   f"speedup_2x={second['speedup']:.2f} judge_over_gen={first['measured']:.2f} "
                   f"judge_over_gen_2x={second['measured']:.2f} tail_share={first['tail']:.3f} "

@@ -72,3 +72,29 @@ def test_the_pipelined_bench_warns_when_its_arms_miss_the_judge_setting():
     assert warning is not None and "1x" in warning and "1.25" in warning and "+25%" in warning
     assert "-20%" in calibration_miss(2.0, 1.6)
     assert calibration_miss(0.0, 5.0) is None  # the instant judge has no setting to miss
+
+
+def test_the_pipelined_bench_decides_its_ceiling_on_an_interval_over_its_pairs():
+    """The ratio's target is a ceiling: met only when the whole interval over the pairs is under it, not met when
+    the whole interval is above, undecided when it holds the ceiling; too few pairs decide nothing. The pooled
+    point is the ratio of sums, whatever the interval."""
+    from bench.pipelined_step import ceiling_verdict, pooled_intervals
+
+    assert ceiling_verdict(1.10, 1.14, 1.15, units=12) == "met"
+    assert ceiling_verdict(1.16, 1.20, 1.15, units=12) == "not_met"
+    assert ceiling_verdict(1.13, 1.17, 1.15, units=12) == "undecided"
+    assert ceiling_verdict(1.10, 1.14, 1.15, units=3) == "underpowered"
+
+    bound = [3.0, 3.2, 2.9, 3.1, 3.0, 3.3, 2.8, 3.0, 3.1, 2.9, 3.2, 3.0]
+    tight = [b * 1.10 for b in bound]  # every pair at 1.10: the interval is the point
+    ratio, speedup, decided = pooled_intervals(tight, bound, [b * 2.0 for b in bound])
+    assert ratio.point == pytest.approx(1.10) and ratio.lo == pytest.approx(1.10) and ratio.hi == pytest.approx(1.10)
+    assert decided == "met"
+    assert speedup.point == pytest.approx(2.0 / 1.10) and speedup.verdict == "effect"
+
+    spread = [b * r for b, r in zip(bound, (1.05, 1.25) * 6)]  # pooled about 1.15, pairs 1.05 and 1.25
+    ratio, _, decided = pooled_intervals(spread, bound, [b * 2.0 for b in bound])
+    assert ratio.point == pytest.approx(sum(spread) / sum(bound))
+    assert ratio.lo < 1.15 < ratio.hi and decided == "undecided"
+    ratio, _, decided = pooled_intervals([b * 1.2 for b in bound[:3]], bound[:3], bound[:3])
+    assert decided == "underpowered"  # three pairs: the old default
