@@ -46,7 +46,8 @@ Targets (judge ~ as slow as generation): pipelined_ratio <= 1.15, speedup >= 1.4
 The two ratios come with 95% intervals over the repeats (rise_nemo.core.comparison.pooled_ratio: the pairs are the
 independent units, resampled with replacement, Hesterberg's expanded percentile interval) and a verdict: for the
 ratio's ceiling ``met`` (the interval at or under 1.15), ``not_met`` (above it), ``undecided`` (the interval holds
-1.15), ``underpowered`` (fewer than comparison.MIN_SEEDS repeats); for the speedup comparison.verdict against 1.4.
+1.15), ``underpowered`` (fewer than comparison.MIN_SEEDS repeats): comparison.ceiling_verdict; for the speedup
+comparison.verdict against 1.4.
 12 repeats by default because three draws decide little: one draw's ratio ranged 1.01-1.27 over the 12 draws of
 seeds 0-3, and the three draws of steps 100-102 at seed 0 (the default until 2026-12-05) read 1.11-1.14 pooled in
 seven runs against 1.156 pooled over 48 draws of 16 seeds.
@@ -110,8 +111,8 @@ def calibration_miss(setting: float, measured: float, tolerance: float = CALIBRA
 def pooled_intervals(pipelined: list[float], bound: list[float], sequential: list[float]):
     """(pipelined_ratio, speedup, the ratio's verdict against RATIO_CEILING) over the repeats' pairs, each pair an
     independent unit: comparison.Interval's point, lo and hi (the speedup's verdict is comparison's own, against
-    SPEEDUP_TARGET; the ratio's is ``ceiling_verdict``)."""
-    from rise_nemo.core.comparison import pooled_ratio
+    SPEEDUP_TARGET; the ratio's is comparison.ceiling_verdict)."""
+    from rise_nemo.core.comparison import ceiling_verdict, pooled_ratio
 
     def units(values):
         return [[v] for v in values]
@@ -119,19 +120,6 @@ def pooled_intervals(pipelined: list[float], bound: list[float], sequential: lis
     ratio = pooled_ratio(units(pipelined), units(bound), target=RATIO_CEILING)
     speedup = pooled_ratio(units(sequential), units(pipelined), target=SPEEDUP_TARGET)
     return ratio, speedup, ceiling_verdict(ratio.lo, ratio.hi, RATIO_CEILING, len(pipelined))
-
-
-def ceiling_verdict(lo: float, hi: float, ceiling: float, units: int) -> str:
-    """A target that is a ceiling (at most ``ceiling``), decided on the interval [lo, hi] over ``units``
-    independent draws: met when all of it is at or under the ceiling, not_met when all of it is above, undecided
-    when it holds the ceiling; underpowered below comparison.MIN_SEEDS draws, whatever the interval."""
-    from rise_nemo.core.comparison import MIN_SEEDS
-
-    if units < MIN_SEEDS or math.isnan(lo) or math.isnan(hi):
-        return "underpowered"
-    if hi <= ceiling:
-        return "met"
-    return "not_met" if lo > ceiling else "undecided"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -480,8 +468,7 @@ def main(argv=None) -> int:
                 server = JudgeServer(a, b, slots)
                 servers.append(server)
                 judge = judge_for(server, slots)
-                pooled = {"seq": 0.0, "pipe": 0.0, "bound": 0.0, "gen": 0.0, "judge": 0.0}
-                per_pair: dict[str, list[float]] = {"seq": [], "pipe": [], "bound": []}  # the intervals' units
+                per_pair: dict[str, list[float]] = {key: [] for key in ("seq", "pipe", "bound", "gen", "judge")}
                 tail_s = 0.0  # the pipelined arm's two judging tails, summed over repeats
                 saturated_s, backlog = 0.0, 0.0  # the pipelined arm's judge at capacity; unjudged at generation's end
                 identical, gap = True, 0.0
@@ -501,9 +488,7 @@ def main(argv=None) -> int:
                     identical, gap = identical and same, max(gap, diff)
                     for key, value in (("seq", seq_s), ("pipe", pipe_s), ("bound", max(gen, jud)), ("gen", gen),
                                        ("judge", jud)):
-                        pooled[key] += value
-                        if key in per_pair:
-                            per_pair[key].append(value)
+                        per_pair[key].append(value)
                     parts = pipe_phase.timings.get("tails", (math.nan,) * 4)
                     tail_s += parts[1] + parts[3]
                     arm_saturated_s = pipe_phase.timings.get("judge_saturated_s", math.nan)
@@ -517,9 +502,11 @@ def main(argv=None) -> int:
                           f"{arm_saturated_s / pipe_s:.0%} of the phase, {arm_backlog:.0f} responses "
                           f"unjudged when the last was generated); full garbage collections: sequential "
                           f"{gc_s[False]:.2f} s, pipelined {gc_s[True]:.2f} s", flush=True)
+                # The pooled ratio and speedup are the intervals' points (ratios of the pairs' sums).
                 ratio_iv, speedup_iv, ratio_verdict = pooled_intervals(per_pair["pipe"], per_pair["bound"],
                                                                        per_pair["seq"])
-                results[setting] = dict(ratio=pooled["pipe"] / pooled["bound"], speedup=pooled["seq"] / pooled["pipe"],
+                pooled = {key: sum(values) for key, values in per_pair.items()}
+                results[setting] = dict(ratio=ratio_iv.point, speedup=speedup_iv.point,
                                         measured=pooled["judge"] / pooled["gen"], identical=identical, gap=gap, a=a,
                                         b=b, tail=tail_s / pooled["bound"], full=saturated_s / pooled["pipe"],
                                         backlog=backlog / args.repeats, ratio_iv=ratio_iv, speedup_iv=speedup_iv,

@@ -78,12 +78,13 @@ def test_the_pipelined_bench_decides_its_ceiling_on_an_interval_over_its_pairs()
     """The ratio's target is a ceiling: met only when the whole interval over the pairs is under it, not met when
     the whole interval is above, undecided when it holds the ceiling; too few pairs decide nothing. The pooled
     point is the ratio of sums, whatever the interval."""
-    from bench.pipelined_step import ceiling_verdict, pooled_intervals
+    from bench.pipelined_step import pooled_intervals
+    from rise_nemo.core.comparison import ceiling_verdict
 
-    assert ceiling_verdict(1.10, 1.14, 1.15, units=12) == "met"
-    assert ceiling_verdict(1.16, 1.20, 1.15, units=12) == "not_met"
-    assert ceiling_verdict(1.13, 1.17, 1.15, units=12) == "undecided"
-    assert ceiling_verdict(1.10, 1.14, 1.15, units=3) == "underpowered"
+    assert ceiling_verdict(1.10, 1.14, 1.15, seeds=12) == "met"
+    assert ceiling_verdict(1.16, 1.20, 1.15, seeds=12) == "not_met"
+    assert ceiling_verdict(1.13, 1.17, 1.15, seeds=12) == "undecided"
+    assert ceiling_verdict(1.10, 1.14, 1.15, seeds=3) == "underpowered"
 
     bound = [3.0, 3.2, 2.9, 3.1, 3.0, 3.3, 2.8, 3.0, 3.1, 2.9, 3.2, 3.0]
     tight = [b * 1.10 for b in bound]  # every pair at 1.10: the interval is the point

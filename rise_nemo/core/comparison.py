@@ -29,6 +29,11 @@ A target is MET when the point estimate reaches it and the verdict is ``effect``
 seeds the verdict is ``underpowered`` whatever the interval: a bootstrap over 2-4 seeds cannot reach beyond
 the seeds it has (with 2 seeds its interval is at most the two values), so it cannot show the spread of
 seeds it never drew.
+A target that is a ceiling (a cost ratio that must stay at or under a bound; ``ceiling_verdict``) has no null:
+  met                  hi <= ceiling: the whole interval is at or under it
+  not_met              lo > ceiling: the whole interval is above it
+  undecided            the interval holds the ceiling
+  underpowered         fewer than MIN_SEEDS seeds, as above
 """
 
 from __future__ import annotations
@@ -81,6 +86,15 @@ def verdict(lo: float, hi: float, null: float, target: float) -> str:
     if shown:
         return "effect_below_target" if below else "effect"
     return "no_effect_at_target" if below else "underpowered"
+
+
+def ceiling_verdict(lo: float, hi: float, ceiling: float, seeds: int) -> str:
+    """The verdict of an interval [lo, hi] over ``seeds`` independent units against a ceiling (module docstring)."""
+    if seeds < MIN_SEEDS or math.isnan(lo) or math.isnan(hi):
+        return "underpowered"
+    if hi <= ceiling:
+        return "met"
+    return "not_met" if lo > ceiling else "undecided"
 
 
 def student_t_quantile(p: float, df: int) -> float:
